@@ -1,0 +1,173 @@
+"""Numerically careful scalar and moment helpers shared by the transforms."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float, Inexact, Int, PyTree, Shaped
+
+
+def _is_none(x) -> bool:
+    return x is None
+
+
+def safe_norm(
+    x: Inexact[Array, "..."],
+    min_norm: Float[ArrayLike, ""],
+    ord: int | float | str | None = None,
+    axis: int | tuple[int, ...] | None = None,
+    keepdims: bool = False,
+) -> Float[Array, "..."]:
+    r"""The norm of `x`, floored at `min_norm`, with a gradient that is finite at zero.
+
+    $$ \operatorname{safe\_norm}(x) = \max(\|x\|, m) $$
+
+    Where $\|x\| \le m$ the norm is computed on a vector of ones instead, so the
+    gradient there is exactly zero rather than NaN.
+
+    **Arguments:**
+
+    - `x`: the array.
+    - `min_norm`: the floor $m$.
+    - `ord`, `axis`, `keepdims`: as for `jnp.linalg.norm`.
+
+    **Returns:** the floored norm, a real array.
+    """
+    norm = jnp.linalg.norm(x, ord=ord, axis=axis, keepdims=True)
+    x = jnp.where(norm <= min_norm, jnp.ones_like(x), x)
+    norm = jnp.squeeze(norm, axis=axis) if not keepdims else norm
+    masked_norm = jnp.linalg.norm(x, ord=ord, axis=axis, keepdims=keepdims)
+    return jnp.where(norm <= min_norm, min_norm, masked_norm)
+
+
+def safe_root_mean_squares(
+    x: Inexact[Array, "..."], min_rms: Float[ArrayLike, ""]
+) -> Float[Array, ""]:
+    r"""The root mean square of `x`, floored at `min_rms`, with a finite gradient at zero.
+
+    $$ \max\Big(\sqrt{\tfrac{1}{n}\textstyle\sum_i |x_i|^2},\ m\Big) $$
+    """
+    rms = jnp.sqrt(jnp.mean(jnp.square(jnp.abs(x))))
+    x = jnp.where(rms <= min_rms, jnp.ones_like(x), x)
+    return jnp.where(rms <= min_rms, min_rms, jnp.sqrt(jnp.mean(jnp.square(jnp.abs(x)))))
+
+
+def safe_increment(count: Shaped[Array, ""]) -> Shaped[Array, ""]:
+    """Adds one to a counter, saturating at the largest value of its dtype.
+
+    Integer counters stop at their maximum instead of wrapping to a negative
+    number; floating counters stop at the largest finite value.
+    """
+    count = jnp.asarray(count)
+    if jnp.issubdtype(count.dtype, jnp.integer):
+        max_value = jnp.iinfo(count.dtype).max
+    else:
+        max_value = jnp.finfo(count.dtype).max
+    one = jnp.array(1, dtype=count.dtype)
+    return jnp.where(count < max_value, count + one, max_value)
+
+
+def safe_int32_increment(count: Int[Array, ""]) -> Int[Array, ""]:
+    """Adds one to an `int32` counter, saturating at `2**31 - 1`."""
+    count = jnp.asarray(count)
+    if count.dtype != jnp.int32:
+        raise ValueError(f"safe_int32_increment expects an int32 counter, got {count.dtype}.")
+    return safe_increment(count)
+
+
+def bias_correction(
+    moment: PyTree[Inexact[Array, "..."] | None],
+    decay: Float[ArrayLike, ""],
+    count: Int[ArrayLike, ""],
+) -> PyTree[Inexact[Array, "..."] | None]:
+    r"""Divides an exponential moving average by $1 - \beta^t$ (Kingma & Ba, 2015).
+
+    $$ \hat m_t = \frac{m_t}{1 - \beta^t} $$
+
+    `None` leaves stay `None`; the result keeps each leaf's dtype.
+    """
+    correction = 1 - jnp.asarray(decay) ** jnp.asarray(count)
+    return jax.tree.map(lambda t: t / correction.astype(t.dtype), moment)
+
+
+def update_moment(
+    updates: PyTree[Inexact[Array, "..."] | None],
+    moments: PyTree[Inexact[Array, "..."] | None],
+    decay: Float[ArrayLike, ""],
+    order: int,
+) -> PyTree[Inexact[Array, "..."] | None]:
+    r"""An exponential moving average of the `order`-th power of the updates.
+
+    $$ m_t = \beta\, m_{t-1} + (1 - \beta)\, g_t^{\,k} $$
+
+    `None` updates leave their moment unchanged.
+    """
+    return jax.tree.map(
+        lambda g, t: t if g is None else (1 - decay) * (g**order) + decay * t,
+        updates,
+        moments,
+        is_leaf=_is_none,
+    )
+
+
+def update_moment_per_elem_norm(
+    updates: PyTree[Inexact[Array, "..."] | None],
+    moments: PyTree[Inexact[Array, "..."] | None],
+    decay: Float[ArrayLike, ""],
+    order: int,
+) -> PyTree[Inexact[Array, "..."] | None]:
+    r"""An exponential moving average of $|g|^k$, real-valued for complex updates.
+
+    $$ v_t = \beta\, v_{t-1} + (1 - \beta)\, |g_t|^{k} $$
+
+    For complex $g$ the squared modulus is $g \bar g$ (Kingma & Ba, 2015, applied
+    to the real and imaginary parts jointly). `None` updates leave their moment
+    unchanged.
+    """
+
+    def order_th_norm(g):
+        if jnp.iscomplexobj(g):
+            squared = jnp.real(g) ** 2 + jnp.imag(g) ** 2
+        else:
+            squared = jnp.square(g)
+        if order == 2:
+            return squared
+        return jnp.power(squared, order / 2)
+
+    return jax.tree.map(
+        lambda g, t: t if g is None else (1 - decay) * order_th_norm(g) + decay * t,
+        updates,
+        moments,
+        is_leaf=_is_none,
+    )
+
+
+def update_infinity_moment(
+    updates: PyTree[Inexact[Array, "..."] | None],
+    moments: PyTree[Inexact[Array, "..."] | None],
+    decay: Float[ArrayLike, ""],
+    eps: Float[ArrayLike, ""],
+) -> PyTree[Inexact[Array, "..."] | None]:
+    r"""The exponentially weighted infinity norm of AdaMax (Kingma & Ba, 2015, §7.1).
+
+    $$ u_t = \max(\beta\, u_{t-1},\ |g_t| + \epsilon) $$
+    """
+    return jax.tree.map(
+        lambda g, t: t if g is None else jnp.maximum(jnp.abs(g) + eps, decay * t),
+        updates,
+        moments,
+        is_leaf=_is_none,
+    )
+
+
+def global_norm(updates: PyTree[ArrayLike | None]) -> Float[Array, ""]:
+    r"""The L2 norm of all the array leaves of a pytree taken together.
+
+    $$ \|g\| = \sqrt{\textstyle\sum_{\ell} \sum_i |g_{\ell,i}|^2} $$
+
+    Non-array leaves and `None` are ignored, so a whole Equinox model or the
+    output of `eqx.filter_grad` can be passed directly.
+    """
+    leaves = [x for x in jax.tree.leaves(updates) if eqx.is_array(x)]
+    if not leaves:
+        return jnp.zeros((), jnp.float32)
+    return jnp.sqrt(sum(jnp.sum(jnp.real(x * jnp.conj(x))) for x in leaves))
