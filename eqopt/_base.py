@@ -1,0 +1,417 @@
+"""The gradient-transformation protocol, its empty state and `apply_updates`."""
+
+import abc
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeAlias
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Inexact, PyTree
+
+#: Parameters: any pytree, typically a whole Equinox model. Its inexact arrays are trainable.
+Params: TypeAlias = PyTree[Any]
+#: Updates or gradients: shaped like the params, `None` where a leaf is not trainable.
+Updates: TypeAlias = PyTree[Inexact[Array, "..."] | None]
+#: An optimiser state: an `eqx.Module` for eqopt's own transforms, any pytree otherwise.
+OptState: TypeAlias = PyTree[Any]
+
+
+def is_none(x: Any) -> bool:
+    return x is None
+
+
+def is_trainable(x: Any) -> bool:
+    """Whether a leaf is trained: an inexact (floating or complex) JAX array."""
+    return eqx.is_inexact_array(x)
+
+
+# ---------------------------------------------------------------------------
+# Path-aware checks
+# ---------------------------------------------------------------------------
+
+
+def _paths(tree: Any) -> list[str]:
+    leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_none)[0]
+    return [jax.tree_util.keystr(path) or "<root>" for path, _ in leaves]
+
+
+def _describe(x: Any) -> str:
+    if x is None:
+        return "None"
+    if eqx.is_array(x):
+        return f"{x.dtype}{list(x.shape)}"
+    return type(x).__name__
+
+
+def structure_mismatch_message(
+    tree: Any, reference: Any, name: str, reference_name: str
+) -> str:
+    """A message naming the first path at which two pytrees differ in structure."""
+    paths = _paths(tree)
+    reference_paths = _paths(reference)
+    for path, reference_path in zip(paths, reference_paths):
+        if path != reference_path:
+            return (
+                f"The structure of `{name}` does not match `{reference_name}`: "
+                f"`{name}` has a leaf at {path} where `{reference_name}` has one at "
+                f"{reference_path}."
+            )
+    if len(paths) > len(reference_paths):
+        return (
+            f"The structure of `{name}` does not match `{reference_name}`: `{name}` "
+            f"has an extra leaf at {paths[len(reference_paths)]}."
+        )
+    if len(paths) < len(reference_paths):
+        return (
+            f"The structure of `{name}` does not match `{reference_name}`: `{name}` "
+            f"is missing the leaf at {reference_paths[len(paths)]}."
+        )
+    return (
+        f"The structure of `{name}` does not match `{reference_name}`: the leaves "
+        "are at the same paths but the containers differ (a different Module class, "
+        f"dict keys or static field). `{name}`: {jax.tree.structure(tree, is_leaf=is_none)}; "
+        f"`{reference_name}`: {jax.tree.structure(reference, is_leaf=is_none)}."
+    )
+
+
+def check_updates(
+    updates: Any,
+    reference: Any,
+    *,
+    name: str = "updates",
+    reference_name: str = "params",
+) -> None:
+    """Checks `updates` against the params (or a moment tree shaped like them).
+
+    Runs at trace time. Raises one `ValueError` naming the path of the first
+    offending leaf: a different tree structure, an update that is not an array
+    or `None`, an update for a leaf that is not trainable, a different shape,
+    or a complex update for a real parameter.
+    """
+    leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
+    reference_leaves, reference_treedef = jax.tree.flatten(reference, is_leaf=is_none)
+    if treedef != reference_treedef:
+        raise ValueError(structure_mismatch_message(updates, reference, name, reference_name))
+    for index, (update, ref) in enumerate(zip(leaves, reference_leaves)):
+        if update is None:
+            continue
+        problem = None
+        if not eqx.is_array(update):
+            problem = f"is a {type(update).__name__}, expected a JAX array or None"
+        elif not is_trainable(ref):
+            problem = (
+                f"is an array but the `{reference_name}` leaf there is "
+                f"{_describe(ref)}, which is not trainable (not an inexact array)"
+            )
+        elif update.shape != ref.shape:
+            problem = (
+                f"has shape {tuple(update.shape)} but the `{reference_name}` leaf has "
+                f"shape {tuple(ref.shape)}"
+            )
+        elif jnp.iscomplexobj(update) and not jnp.iscomplexobj(ref):
+            problem = (
+                f"is complex ({update.dtype}) but the `{reference_name}` leaf is real "
+                f"({ref.dtype})"
+            )
+        if problem is not None:
+            path = _paths(updates)[index]
+            raise ValueError(f"`{name}` at {path} {problem}.")
+
+
+# ---------------------------------------------------------------------------
+# The protocol
+# ---------------------------------------------------------------------------
+
+
+class _ScalarRepr:
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __repr__(self):
+        return self.value if isinstance(self.value, str) else repr(self.value)
+
+
+def _readable(x: Any) -> Any:
+    if eqx.is_array(x) and not isinstance(x, jax.core.Tracer) and x.ndim == 0:
+        # NumPy prints the shortest repr for the dtype: 0.9, not 0.8999999761581421.
+        return _ScalarRepr(str(np.asarray(x)[()]))
+    return x
+
+
+def pretty(module: eqx.Module) -> str:
+    """Pretty-prints a Module with its scalar hyperparameters shown by value."""
+    return eqx.tree_pformat(jax.tree.map(_readable, module))
+
+
+class AbstractGradientTransformation(eqx.Module):
+    """The protocol every eqopt transform, wrapper, combinator and optimiser follows.
+
+    A gradient transformation is a pair of pure functions held by a Module whose
+    fields are its hyperparameters:
+
+    - `init(params) -> state` builds the state from the parameters;
+    - `update(updates, state, params=None, **extra_args) -> (updates, state)`
+      maps gradients (or the updates of an earlier transform) to new updates.
+
+    Parameters are any pytree, typically a whole Equinox model: its inexact
+    arrays are trained, and every other leaf is left alone (the state holds
+    `None` there). Updates are shaped like the parameters with `None` where a
+    leaf is not trained, exactly as `eqx.filter_grad` produces gradients.
+
+    Numeric hyperparameters are array leaves of the Module, so the transform can
+    be passed into `eqx.filter_jit`, changed with `eqx.tree_at` without
+    recompiling, `vmap`ped over and differentiated.
+
+    Every subclass declares the class attribute `elementwise`: `True` when its
+    update gives the same result whether leaves are kept apart or concatenated
+    into one flat buffer (the property that lets a fused engine merge leaves).
+    """
+
+    elementwise: eqx.AbstractClassVar[bool]
+
+    @abc.abstractmethod
+    def init(self, params: Params) -> OptState:
+        """Builds the initial state.
+
+        **Arguments:**
+
+        - `params`: the parameters, any pytree (a whole Equinox model is fine).
+
+        **Returns:** the state, an `eqx.Module` (`EmptyState()` if stateless).
+        """
+
+    @abc.abstractmethod
+    def update(
+        self,
+        updates: Updates,
+        state: OptState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, OptState]:
+        """Transforms the updates and advances the state.
+
+        **Arguments:**
+
+        - `updates`: gradients or the output of an earlier transform, shaped like
+          the params with `None` where a leaf is not trained.
+        - `state`: the state from `init` or the previous `update`.
+        - `params`: the current parameters, needed by some transforms (weight
+          decay, for example).
+        - `**extra_args`: extra keyword arguments such as `value`, `grad`,
+          `value_fn` or `loss`; ignored by transforms that do not use them and
+          forwarded by every combinator.
+
+        **Returns:** a tuple `(updates, state)`.
+        """
+
+    def __repr__(self) -> str:
+        return pretty(self)
+
+
+class EmptyState(eqx.Module):
+    """The state of a stateless transform."""
+
+
+def _accepts_extra_args(fn: Callable) -> bool:
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+class GradientTransformation(AbstractGradientTransformation):
+    """Makes an eqopt transform from an Optax-style pair of plain functions.
+
+    `init_fn(params) -> state` and `update_fn(updates, state, params=None) ->
+    (updates, state)`. If `update_fn` takes `**kwargs`, extra arguments are
+    forwarded to it; otherwise they are dropped. Code written for Optax's
+    `GradientTransformation` or `GradientTransformationExtraArgs` ports by
+    changing the import.
+
+    Such a pair is opaque to eqopt: it is not declared elementwise, and its
+    hyperparameters (captured in closures) are not leaves.
+
+    **Arguments:**
+
+    - `init_fn`: builds the state from the params.
+    - `update_fn`: maps `(updates, state, params)` to `(updates, state)`.
+    """
+
+    init_fn: Callable
+    update_fn: Callable
+    forwards_extra_args: bool = eqx.field(static=True)
+    elementwise = False
+
+    def __init__(self, init_fn: Callable, update_fn: Callable):
+        self.init_fn = init_fn
+        self.update_fn = update_fn
+        self.forwards_extra_args = _accepts_extra_args(update_fn)
+
+    def init(self, params: Params) -> OptState:
+        return self.init_fn(params)
+
+    def update(
+        self,
+        updates: Updates,
+        state: OptState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, OptState]:
+        if self.forwards_extra_args:
+            return self.update_fn(updates, state, params, **extra_args)
+        return self.update_fn(updates, state, params)
+
+    # Optax code unpacks a transformation as `init, update = tx`.
+    def __iter__(self):
+        return iter((self.init, self.update))
+
+
+#: Optax's name for a transformation whose update accepts extra arguments.
+GradientTransformationExtraArgs = GradientTransformation
+
+
+# ---------------------------------------------------------------------------
+# Applying updates
+# ---------------------------------------------------------------------------
+
+
+def apply_updates(params: Params, updates: Updates) -> Params:
+    r"""Adds the updates to the parameters.
+
+    $$ \theta \leftarrow \theta + u $$
+
+    Where an update is `None` the parameter is returned untouched, so a whole
+    Equinox model and the updates made from `eqx.filter_grad` gradients can be
+    passed directly. Each result is cast to its parameter's dtype (a `bfloat16`
+    parameter stays `bfloat16` even if its update is `float32`).
+
+    **Arguments:**
+
+    - `params`: the parameters, any pytree.
+    - `updates`: shaped like `params`, `None` where a leaf is not updated.
+
+    **Returns:** the new parameters, with the same structure and dtypes.
+
+    **Raises:** `ValueError` naming the first path where `updates` does not
+    match `params` in structure or shape.
+    """
+    check_updates(updates, params)
+
+    def add(update, param):
+        if update is None:
+            return param
+        return (param + update).astype(param.dtype)
+
+    return jax.tree.map(add, updates, params, is_leaf=is_none)
+
+
+def incremental_update(
+    new_tensors: Params, old_tensors: Params, step_size: ArrayLike
+) -> Params:
+    r"""Moves a copy of the parameters towards new values (Polyak averaging).
+
+    $$ \theta_{\text{old}} \leftarrow \tau\,\theta_{\text{new}} + (1 - \tau)\,\theta_{\text{old}} $$
+
+    Used for target networks (Mnih et al., 2015; Lillicrap et al., 2016).
+    Non-array leaves are taken from `new_tensors`.
+
+    **Arguments:**
+
+    - `new_tensors`: the latest parameters.
+    - `old_tensors`: the running copy, same structure.
+    - `step_size`: $\tau$, in $[0, 1]$.
+
+    **Returns:** the updated copy.
+    """
+    check_updates(
+        eqx.filter(new_tensors, is_trainable), old_tensors,
+        name="new_tensors", reference_name="old_tensors",
+    )
+
+    def mix(new, old):
+        if not is_trainable(new):
+            return new
+        return (step_size * new + (1.0 - step_size) * old).astype(old.dtype)
+
+    return jax.tree.map(mix, new_tensors, old_tensors)
+
+
+def periodic_update(
+    new_tensors: Params,
+    old_tensors: Params,
+    steps: ArrayLike,
+    update_period: int,
+) -> Params:
+    """Replaces the copy with the new parameters every `update_period` steps.
+
+    Used for the target networks of DQN (Mnih et al., 2015).
+
+    **Arguments:**
+
+    - `new_tensors`: the latest parameters.
+    - `old_tensors`: the copy, same structure.
+    - `steps`: the current step.
+    - `update_period`: how often to copy.
+
+    **Returns:** `new_tensors` when `steps % update_period == 0`, else `old_tensors`.
+    """
+    check_updates(
+        eqx.filter(new_tensors, is_trainable), old_tensors,
+        name="new_tensors", reference_name="old_tensors",
+    )
+    copy = jnp.mod(steps, update_period) == 0
+    return jax.tree.map(
+        lambda new, old: jnp.where(copy, new, old) if eqx.is_array(new) else new,
+        new_tensors,
+        old_tensors,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Leafwise helpers used by the transforms
+# ---------------------------------------------------------------------------
+
+
+def zeros_like_trainable(params: Params, dtype: Any = None) -> Updates:
+    """A tree shaped like `params`: zeros at trainable leaves, `None` elsewhere."""
+
+    def zeros(p):
+        if not is_trainable(p):
+            return None
+        return jnp.zeros_like(p, dtype=dtype if dtype is not None else p.dtype)
+
+    return jax.tree.map(zeros, params)
+
+
+def leafwise(fn: Callable, updates: Updates, *trees: Any, n_out: int | None = None) -> Any:
+    """Maps `fn` over the leaves of `updates` and trees shaped like it.
+
+    Where an update is `None`, `fn` is not called: the output is `None` (or, when
+    `fn` returns a tuple of `n_out` values, `None` followed by the corresponding
+    inputs from `trees` unchanged, so moments of untouched leaves are kept).
+
+    Returns a tree, or with `n_out` a tuple of `n_out` trees.
+    """
+    leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
+    others = []
+    for tree in trees:
+        other_leaves, other_treedef = jax.tree.flatten(tree, is_leaf=is_none)
+        if other_treedef != treedef:
+            raise ValueError(structure_mismatch_message(updates, tree, "updates", "state"))
+        others.append(other_leaves)
+    if n_out is None:
+        out = [None if u is None else fn(u, *rest) for u, *rest in zip(leaves, *others)]
+        return jax.tree.unflatten(treedef, out)
+    outs = []
+    for u, *rest in zip(leaves, *others):
+        if u is None:
+            outs.append((None, *rest[: n_out - 1]))
+        else:
+            outs.append(fn(u, *rest))
+    return tuple(jax.tree.unflatten(treedef, [o[i] for o in outs]) for i in range(n_out))

@@ -1,0 +1,126 @@
+"""Filter specs: selecting leaves the way `eqx.filter` does (DESIGN §6)."""
+
+from collections.abc import Callable
+from typing import Any, TypeAlias
+
+import jax
+import numpy as np
+from jaxtyping import PyTree
+
+from ._base import is_none, is_trainable
+
+#: A filter spec: a bool, a per-leaf predicate, or a prefix pytree of these.
+FilterSpec: TypeAlias = bool | Callable[[Any], Any] | PyTree[bool | Callable[[Any], Any] | None]
+
+
+def _is_spec_leaf(x: Any) -> bool:
+    # Equinox modules are callable pytrees: they are prefix trees, not predicates.
+    return x is None or isinstance(x, (bool, np.bool_)) or (
+        callable(x) and not isinstance(x, jax.tree_util.Partial) and not _is_pytree_node(x)
+    )
+
+
+def _is_pytree_node(x: Any) -> bool:
+    return jax.tree_util.treedef_is_leaf(jax.tree.structure(x)) is False
+
+
+def _path_str(path) -> str:
+    return jax.tree_util.keystr(path) or "<root>"
+
+
+def _to_bool(value: Any, path, what: str) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if hasattr(value, "shape") and getattr(value, "shape", None) == () and not isinstance(
+        value, jax.core.Tracer
+    ):
+        try:
+            return bool(value)
+        except Exception:  # noqa: BLE001 - fall through to the error below
+            pass
+    raise ValueError(
+        f"The {what} gave {type(value).__name__} at {_path_str(path)}; expected a bool. "
+        "A callable in a filter spec is a per-leaf predicate, applied to each leaf as "
+        "`eqx.filter` does; it is never called on the whole pytree. To select with a "
+        "function of the whole params, call it yourself and pass the resulting tree."
+    )
+
+
+def resolve_filter(filter_spec: FilterSpec, tree: Any, *, what: str = "filter spec") -> Any:
+    """Resolves a filter spec against `tree` into a tree of Python bools.
+
+    Predicates are called on trainable leaves (inexact arrays) only; every other
+    leaf resolves to `False` unless a bool in the spec covers it. The result has the structure of `tree` (with `None` treated as a leaf): one
+    bool per leaf. `None` in the spec means `False`. Raises a `ValueError`
+    naming the path if the spec is not a prefix of `tree` or a predicate does not
+    return a bool.
+    """
+
+    def resolve_subtree(spec, subtree, prefix):
+        flat = jax.tree_util.tree_flatten_with_path(subtree, is_leaf=is_none)[0]
+        leaves = []
+        for path, leaf in flat:
+            full = prefix + path
+            if spec is None:
+                leaves.append(False)
+            elif isinstance(spec, (bool, np.bool_)):
+                leaves.append(bool(spec))
+            elif not is_trainable(leaf):
+                # Only trainable leaves can be selected, so a predicate such as
+                # `lambda x: x.ndim > 1` never sees an activation function or None.
+                leaves.append(False)
+            else:
+                leaves.append(_to_bool(spec(leaf), full, f"predicate in the {what}"))
+        treedef = jax.tree.structure(subtree, is_leaf=is_none)
+        return jax.tree.unflatten(treedef, leaves)
+
+    if _is_spec_leaf(filter_spec):
+        return resolve_subtree(filter_spec, tree, ())
+
+    spec_flat, spec_def = jax.tree_util.tree_flatten_with_path(filter_spec, is_leaf=_is_spec_leaf)
+    try:
+        subtrees = spec_def.flatten_up_to(tree)
+    except (ValueError, TypeError) as error:
+        raise ValueError(
+            f"The {what} is not a prefix of the params' structure: {error}. Build it "
+            "with, for example, `jax.tree.map(lambda _: False, model)` and `eqx.tree_at`."
+        ) from None
+    resolved = [
+        resolve_subtree(spec, subtree, path)
+        for (path, spec), subtree in zip(spec_flat, subtrees)
+    ]
+    return jax.tree.unflatten(spec_def, resolved)
+
+
+def select_trainable(filter_spec: FilterSpec, tree: Any, *, what: str = "mask") -> Any:
+    """The bools of `resolve_filter`, and-ed with "is a trainable leaf"."""
+    mask = resolve_filter(filter_spec, tree, what=what)
+    return jax.tree.map(
+        lambda selected, leaf: selected and is_trainable(leaf), mask, tree, is_leaf=is_none
+    )
+
+
+def check_selects_something(mask: Any, what: str = "mask") -> None:
+    if not any(jax.tree.leaves(mask)):
+        raise ValueError(
+            f"The {what} selects no trainable leaf (no inexact array). Check the filter "
+            "spec: a mask that selects nothing is almost always a mistake."
+        )
+
+
+def keep_selected(tree: Any, mask: Any) -> Any:
+    """`tree` with `None` where the mask is False."""
+    return jax.tree.map(
+        lambda leaf, selected: leaf if selected else None, tree, mask, is_leaf=is_none
+    )
+
+
+def merge_selected(selected_tree: Any, other_tree: Any, mask: Any) -> Any:
+    """Leaves of `selected_tree` where the mask is True, of `other_tree` elsewhere."""
+    return jax.tree.map(
+        lambda chosen, other, selected: chosen if selected else other,
+        selected_tree,
+        other_tree,
+        mask,
+        is_leaf=is_none,
+    )

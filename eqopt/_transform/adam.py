@@ -1,0 +1,272 @@
+"""Adaptive moment estimation: Adam, AMSGrad and AdaMax."""
+
+from typing import Any
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, Inexact, Int, PyTree
+
+from .._base import AbstractGradientTransformation, Params, Updates, leafwise, zeros_like_trainable
+from .._hyper import check_hyperparameter, hyperparameter
+from .._numerics import safe_int32_increment
+
+Moments = PyTree[Inexact[Array, "..."] | None]
+
+
+def _second_moment(g):
+    """$|g|^2$, real for complex $g$."""
+    if jnp.iscomplexobj(g):
+        return jnp.real(g) ** 2 + jnp.imag(g) ** 2
+    return jnp.square(g)
+
+
+def _corrected(moment, decay, count):
+    return moment / (1 - decay**count).astype(moment.dtype)
+
+
+def _cast(x, dtype):
+    return x if dtype is None else x.astype(dtype)
+
+
+def _check_decays(module, *names):
+    for name in names:
+        check_hyperparameter(name, getattr(module, name), low=0.0, high=1.0)
+
+
+class ScaleByAdamState(eqx.Module):
+    """The state of [`eqopt.ScaleByAdam`][]: step count and the two moments."""
+
+    count: Int[Array, ""]
+    mu: Moments
+    nu: Moments
+
+
+class ScaleByAdam(AbstractGradientTransformation):
+    r"""Rescales updates by Adam's bias-corrected moment estimates.
+
+    $$
+    \begin{aligned}
+    m_t &= \beta_1 m_{t-1} + (1 - \beta_1)\, g_t \\
+    v_t &= \beta_2 v_{t-1} + (1 - \beta_2)\, |g_t|^2 \\
+    \hat m_t &= m_t / (1 - \beta_1^t), \qquad \hat v_t = v_t / (1 - \beta_2^t) \\
+    u_t &= \hat m_t \,/\, \big(\sqrt{\hat v_t + \epsilon_{\text{root}}} + \epsilon\big)
+    \end{aligned}
+    $$
+
+    With `nesterov=True` the first moment is replaced by Dozat's look-ahead
+    $\beta_1 m_t / (1 - \beta_1^{t+1}) + (1 - \beta_1) g_t / (1 - \beta_1^t)$
+    (NAdam). Complex updates use $|g|^2 = g \bar g$, so $v$ is real.
+
+    **Arguments:**
+
+    - `b1`, `b2`: the decay rates $\beta_1, \beta_2 \in [0, 1)$.
+    - `eps`: added to the denominator outside the square root.
+    - `eps_root`: added inside the square root (useful when differentiating
+      through the update).
+    - `mu_dtype`: dtype to store the first moment in (default: the params').
+    - `nu_dtype`: dtype to store the second moment in (default: the params').
+      Optax has no such option.
+    - `nesterov`: use Nesterov momentum (NAdam).
+
+    **References:** Kingma & Ba, *Adam: A Method for Stochastic Optimization*,
+    ICLR 2015; Dozat, *Incorporating Nesterov Momentum into Adam*, ICLR 2016
+    workshop.
+    """
+
+    b1: Any = hyperparameter(default=0.9)
+    b2: Any = hyperparameter(default=0.999)
+    eps: Any = hyperparameter(default=1e-8)
+    eps_root: Any = hyperparameter(default=0.0)
+    mu_dtype: Any = eqx.field(default=None, static=True)
+    nu_dtype: Any = eqx.field(default=None, static=True)
+    nesterov: bool = eqx.field(default=False, static=True)
+    elementwise = True
+
+    def __check_init__(self):
+        _check_decays(self, "b1", "b2")
+        check_hyperparameter("eps", self.eps, low=0.0)
+        check_hyperparameter("eps_root", self.eps_root, low=0.0)
+
+    def init(self, params: Params) -> ScaleByAdamState:
+        return ScaleByAdamState(
+            count=jnp.zeros([], jnp.int32),
+            mu=zeros_like_trainable(params, self.mu_dtype),
+            nu=zeros_like_trainable(params, self.nu_dtype),
+        )
+
+    def update(self, updates: Updates, state: ScaleByAdamState,
+               params: Params | None = None,
+               **extra_args: Any) -> tuple[Updates, ScaleByAdamState]:
+        b1, b2, eps, eps_root = self.b1, self.b2, self.eps, self.eps_root
+        count = safe_int32_increment(state.count)
+
+        def step(g, mu, nu):
+            mu_dtype, nu_dtype = mu.dtype, nu.dtype
+            mu = (1 - b1) * g + b1 * mu
+            nu = (1 - b2) * _second_moment(g) + b2 * nu
+            if self.nesterov:
+                mu_hat = b1 * _corrected(mu, b1, safe_int32_increment(count)) + _corrected(
+                    (1 - b1) * g, b1, count
+                )
+            else:
+                mu_hat = _corrected(mu, b1, count)
+            nu_hat = _corrected(nu, b2, count)
+            update = mu_hat / (jnp.sqrt(nu_hat + eps_root) + eps)
+            return update, _cast(mu, self.mu_dtype or mu_dtype), _cast(nu, self.nu_dtype or nu_dtype)
+
+        updates, mu, nu = leafwise(step, updates, state.mu, state.nu, n_out=3)
+        return updates, ScaleByAdamState(count=count, mu=mu, nu=nu)
+
+
+def scale_by_adam(
+    b1: Any = 0.9,
+    b2: Any = 0.999,
+    eps: Any = 1e-8,
+    eps_root: Any = 0.0,
+    mu_dtype: Any = None,
+    *,
+    nesterov: bool = False,
+    nu_dtype: Any = None,
+) -> ScaleByAdam:
+    """Optax spelling of [`eqopt.ScaleByAdam`][] (`nu_dtype` is eqopt's addition)."""
+    return ScaleByAdam(b1, b2, eps, eps_root, mu_dtype, nu_dtype, nesterov)
+
+
+class ScaleByAmsgradState(eqx.Module):
+    """The state of [`eqopt.ScaleByAmsgrad`][]: moments and the running maximum of $\\hat v$."""
+
+    count: Int[Array, ""]
+    mu: Moments
+    nu: Moments
+    nu_max: Moments
+
+
+class ScaleByAmsgrad(AbstractGradientTransformation):
+    r"""Rescales updates with AMSGrad: Adam with a non-decreasing second moment.
+
+    $$
+    \hat v^{\max}_t = \max(\hat v^{\max}_{t-1}, \hat v_t), \qquad
+    u_t = \hat m_t / \big(\sqrt{\hat v^{\max}_t + \epsilon_{\text{root}}} + \epsilon\big)
+    $$
+
+    with $\hat m_t, \hat v_t$ the bias-corrected moments of Adam.
+
+    **Arguments:** as [`eqopt.ScaleByAdam`][] (without `nesterov`).
+
+    **References:** Reddi, Kale & Kumar, *On the Convergence of Adam and Beyond*,
+    ICLR 2018.
+    """
+
+    b1: Any = hyperparameter(default=0.9)
+    b2: Any = hyperparameter(default=0.999)
+    eps: Any = hyperparameter(default=1e-8)
+    eps_root: Any = hyperparameter(default=0.0)
+    mu_dtype: Any = eqx.field(default=None, static=True)
+    elementwise = True
+
+    def __check_init__(self):
+        _check_decays(self, "b1", "b2")
+        check_hyperparameter("eps", self.eps, low=0.0)
+        check_hyperparameter("eps_root", self.eps_root, low=0.0)
+
+    def init(self, params: Params) -> ScaleByAmsgradState:
+        return ScaleByAmsgradState(
+            count=jnp.zeros([], jnp.int32),
+            mu=zeros_like_trainable(params, self.mu_dtype),
+            nu=zeros_like_trainable(params),
+            nu_max=zeros_like_trainable(params),
+        )
+
+    def update(self, updates: Updates, state: ScaleByAmsgradState,
+               params: Params | None = None,
+               **extra_args: Any) -> tuple[Updates, ScaleByAmsgradState]:
+        b1, b2, eps, eps_root = self.b1, self.b2, self.eps, self.eps_root
+        count = safe_int32_increment(state.count)
+
+        def step(g, mu, nu, nu_max):
+            mu_dtype = mu.dtype
+            mu = (1 - b1) * g + b1 * mu
+            nu = (1 - b2) * _second_moment(g) + b2 * nu
+            mu_hat = _corrected(mu, b1, count)
+            nu_hat = _corrected(nu, b2, count)
+            nu_max = jnp.maximum(nu_max, nu_hat)
+            update = mu_hat / (jnp.sqrt(nu_max + eps_root) + eps)
+            return update, _cast(mu, self.mu_dtype or mu_dtype), nu, nu_max
+
+        updates, mu, nu, nu_max = leafwise(
+            step, updates, state.mu, state.nu, state.nu_max, n_out=4
+        )
+        return updates, ScaleByAmsgradState(count=count, mu=mu, nu=nu, nu_max=nu_max)
+
+
+def scale_by_amsgrad(
+    b1: Any = 0.9,
+    b2: Any = 0.999,
+    eps: Any = 1e-8,
+    eps_root: Any = 0.0,
+    mu_dtype: Any = None,
+) -> ScaleByAmsgrad:
+    """Optax spelling of [`eqopt.ScaleByAmsgrad`][]."""
+    return ScaleByAmsgrad(b1, b2, eps, eps_root, mu_dtype)
+
+
+class ScaleByAdamaxState(eqx.Module):
+    """The state of [`eqopt.ScaleByAdamax`][]: first moment and infinity norm."""
+
+    count: Int[Array, ""]
+    mu: Moments
+    nu: Moments
+
+
+class ScaleByAdamax(AbstractGradientTransformation):
+    r"""Rescales updates with AdaMax, Adam's infinity-norm variant.
+
+    $$
+    m_t = \beta_1 m_{t-1} + (1 - \beta_1) g_t, \qquad
+    u^{\infty}_t = \max(\beta_2 u^{\infty}_{t-1}, |g_t| + \epsilon), \qquad
+    u_t = \frac{m_t}{(1 - \beta_1^t)\, u^{\infty}_t}
+    $$
+
+    **Arguments:**
+
+    - `b1`, `b2`: the decay rates.
+    - `eps`: added to $|g|$, keeping the denominator positive.
+
+    **References:** Kingma & Ba, *Adam: A Method for Stochastic Optimization*,
+    ICLR 2015, §7.1.
+    """
+
+    b1: Any = hyperparameter(default=0.9)
+    b2: Any = hyperparameter(default=0.999)
+    eps: Any = hyperparameter(default=1e-8)
+    elementwise = True
+
+    def __check_init__(self):
+        _check_decays(self, "b1", "b2")
+        check_hyperparameter("eps", self.eps, low=0.0)
+
+    def init(self, params: Params) -> ScaleByAdamaxState:
+        return ScaleByAdamaxState(
+            count=jnp.zeros([], jnp.int32),
+            mu=zeros_like_trainable(params),
+            nu=zeros_like_trainable(params),
+        )
+
+    def update(self, updates: Updates, state: ScaleByAdamaxState,
+               params: Params | None = None,
+               **extra_args: Any) -> tuple[Updates, ScaleByAdamaxState]:
+        b1, b2, eps = self.b1, self.b2, self.eps
+        count = safe_int32_increment(state.count)
+
+        def step(g, mu, nu):
+            mu = (1 - b1) * g + b1 * mu
+            nu = jnp.maximum(jnp.abs(g) + eps, b2 * nu)
+            return _corrected(mu, b1, count) / nu, mu, nu
+
+        updates, mu, nu = leafwise(step, updates, state.mu, state.nu, n_out=3)
+        return updates, ScaleByAdamaxState(count=count, mu=mu, nu=nu)
+
+
+def scale_by_adamax(b1: Any = 0.9, b2: Any = 0.999, eps: Any = 1e-8) -> ScaleByAdamax:
+    """Optax spelling of [`eqopt.ScaleByAdamax`][]."""
+    return ScaleByAdamax(b1, b2, eps)

@@ -1,0 +1,257 @@
+"""Stateless building blocks and scaling: identity, set_to_zero, stateless, scale..."""
+
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Int
+
+from .._base import (
+    AbstractGradientTransformation,
+    EmptyState,
+    OptState,
+    Params,
+    Updates,
+    is_none,
+    leafwise,
+)
+from .._hyper import ScalarOrSchedule, check_hyperparameter, hyperparameter
+from .._numerics import safe_int32_increment
+
+
+class Identity(AbstractGradientTransformation):
+    """Returns the updates unchanged."""
+
+    elementwise = True
+
+    def init(self, params: Params) -> EmptyState:
+        return EmptyState()
+
+    def update(self, updates: Updates, state: EmptyState, params: Params | None = None,
+               **extra_args: Any) -> tuple[Updates, EmptyState]:
+        return updates, state
+
+
+def identity() -> Identity:
+    """Optax spelling of [`eqopt.Identity`][]."""
+    return Identity()
+
+
+class SetToZero(AbstractGradientTransformation):
+    """Replaces every update with zeros (of the same shape and dtype).
+
+    Used to freeze parameters: see [`eqopt.freeze`][].
+    """
+
+    elementwise = True
+
+    def init(self, params: Params) -> EmptyState:
+        return EmptyState()
+
+    def update(self, updates: Updates, state: EmptyState, params: Params | None = None,
+               **extra_args: Any) -> tuple[Updates, EmptyState]:
+        return leafwise(jnp.zeros_like, updates), state
+
+
+def set_to_zero() -> SetToZero:
+    """Optax spelling of [`eqopt.SetToZero`][]."""
+    return SetToZero()
+
+
+def init_empty_state(params: Params) -> EmptyState:
+    """An `init` function for stateless transforms: returns `EmptyState()`."""
+    del params
+    return EmptyState()
+
+
+class Stateless(AbstractGradientTransformation):
+    """A stateless transform from a function `f(updates, params) -> updates`.
+
+    `params` is `None` when `update` is called without params. The function sees
+    the whole trees (with `None` at leaves that are not trained).
+
+    **Arguments:**
+
+    - `f`: the function.
+    """
+
+    f: Callable[[Updates, Params | None], Updates]
+    elementwise = False
+
+    def init(self, params: Params) -> EmptyState:
+        return EmptyState()
+
+    def update(self, updates: Updates, state: EmptyState, params: Params | None = None,
+               **extra_args: Any) -> tuple[Updates, EmptyState]:
+        return self.f(updates, params), state
+
+
+def stateless(f: Callable[[Updates, Params | None], Updates]) -> Stateless:
+    """Optax spelling of [`eqopt.Stateless`][]."""
+    return Stateless(f)
+
+
+class StatelessWithTreeMap(AbstractGradientTransformation):
+    """A stateless transform applying `f(update, param) -> update` to each leaf.
+
+    `param` is `None` when `update` is called without params. Leaves whose update
+    is `None` are skipped.
+
+    **Arguments:**
+
+    - `f`: the per-leaf function.
+    """
+
+    f: Callable[[Array, Any], Array]
+    elementwise = False
+
+    def init(self, params: Params) -> EmptyState:
+        return EmptyState()
+
+    def update(self, updates: Updates, state: EmptyState, params: Params | None = None,
+               **extra_args: Any) -> tuple[Updates, EmptyState]:
+        if params is None:
+            return leafwise(lambda g: self.f(g, None), updates), state
+        params = jax.tree.map(lambda u, p: p, updates, params, is_leaf=is_none)
+        return leafwise(self.f, updates, params), state
+
+
+def stateless_with_tree_map(f: Callable[[Array, Any], Array]) -> StatelessWithTreeMap:
+    """Optax spelling of [`eqopt.StatelessWithTreeMap`][]."""
+    return StatelessWithTreeMap(f)
+
+
+def with_extra_args_support(tx: Any) -> AbstractGradientTransformation:
+    """Makes a transform accept extra keyword arguments in `update`.
+
+    Every eqopt transform already does, so eqopt transforms are returned
+    unchanged; an Optax-style `(init, update)` pair is wrapped in
+    [`eqopt.GradientTransformation`][], which drops extra arguments that its
+    `update` function does not take.
+    """
+    from .._combine import as_transform
+
+    return as_transform(tx)
+
+
+# ---------------------------------------------------------------------------
+# Scaling
+# ---------------------------------------------------------------------------
+
+
+def _scale_leaf(g, factor):
+    factor = jnp.asarray(factor)
+    if factor.weak_type:
+        return factor * g
+    # A strongly-typed factor (a schedule's output, a vmapped sweep) must not
+    # promote a bfloat16 update to float32.
+    return factor.astype(g.dtype) * g
+
+
+class Scale(AbstractGradientTransformation):
+    r"""Multiplies the updates by a fixed factor.
+
+    $$ u \mapsto \alpha\, u $$
+
+    **Arguments:**
+
+    - `step_size`: $\alpha$, a number (a dynamic leaf).
+    """
+
+    step_size: Any = hyperparameter()
+    elementwise = True
+
+    def __check_init__(self):
+        check_hyperparameter("step_size", self.step_size)
+
+    def init(self, params: Params) -> EmptyState:
+        return EmptyState()
+
+    def update(self, updates: Updates, state: EmptyState, params: Params | None = None,
+               **extra_args: Any) -> tuple[Updates, EmptyState]:
+        return leafwise(lambda g: _scale_leaf(g, self.step_size), updates), state
+
+
+def scale(step_size: Any) -> Scale:
+    """Optax spelling of [`eqopt.Scale`][]."""
+    return Scale(step_size)
+
+
+class ScaleByScheduleState(eqx.Module):
+    """The step count of a scheduled transform."""
+
+    count: Int[Array, ""]
+
+
+class ScaleBySchedule(AbstractGradientTransformation):
+    r"""Multiplies the updates by a schedule evaluated at the step count.
+
+    $$ u_t \mapsto \eta(t)\, u_t $$
+
+    **Arguments:**
+
+    - `step_size_fn`: a schedule, or any callable from the step count to a number.
+    """
+
+    step_size_fn: Callable
+    elementwise = True
+
+    def init(self, params: Params) -> ScaleByScheduleState:
+        return ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+
+    def update(self, updates: Updates, state: ScaleByScheduleState,
+               params: Params | None = None,
+               **extra_args: Any) -> tuple[Updates, ScaleByScheduleState]:
+        step_size = jnp.asarray(self.step_size_fn(state.count))
+        updates = leafwise(lambda g: jnp.asarray(step_size, dtype=g.dtype) * g, updates)
+        return updates, ScaleByScheduleState(count=safe_int32_increment(state.count))
+
+
+def scale_by_schedule(step_size_fn: Callable) -> ScaleBySchedule:
+    """Optax spelling of [`eqopt.ScaleBySchedule`][]."""
+    return ScaleBySchedule(step_size_fn)
+
+
+class ScaleByLearningRate(AbstractGradientTransformation):
+    r"""Multiplies the updates by the learning rate, negated by default.
+
+    $$ u_t \mapsto -\eta_t\, u_t $$
+
+    The learning rate is a number (a dynamic leaf: change it with `eqx.tree_at`
+    without recompiling) or a schedule of the step count, in which case the
+    state counts steps.
+
+    **Arguments:**
+
+    - `learning_rate`: $\eta$, a number or a schedule.
+    - `flip_sign`: negate, so that adding the updates descends (default `True`).
+    """
+
+    learning_rate: ScalarOrSchedule = hyperparameter()
+    flip_sign: bool = eqx.field(default=True, static=True)
+    elementwise = True
+
+    def __check_init__(self):
+        check_hyperparameter("learning_rate", self.learning_rate)
+
+    def init(self, params: Params) -> OptState:
+        if callable(self.learning_rate):
+            return ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+        return EmptyState()
+
+    def update(self, updates: Updates, state: OptState, params: Params | None = None,
+               **extra_args: Any) -> tuple[Updates, OptState]:
+        sign = -1 if self.flip_sign else 1
+        if callable(self.learning_rate):
+            step_size = sign * jnp.asarray(self.learning_rate(state.count))
+            updates = leafwise(lambda g: jnp.asarray(step_size, dtype=g.dtype) * g, updates)
+            return updates, ScaleByScheduleState(count=safe_int32_increment(state.count))
+        step_size = sign * self.learning_rate
+        return leafwise(lambda g: _scale_leaf(g, step_size), updates), state
+
+
+def scale_by_learning_rate(learning_rate: ScalarOrSchedule, *, flip_sign: bool = True) -> ScaleByLearningRate:
+    """Optax spelling of [`eqopt.ScaleByLearningRate`][]."""
+    return ScaleByLearningRate(learning_rate, flip_sign=flip_sign)

@@ -1,0 +1,83 @@
+"""Clipping: by value and by global norm."""
+
+from typing import Any
+
+import equinox as eqx
+import jax.numpy as jnp
+
+from .._base import AbstractGradientTransformation, EmptyState, Params, Updates, leafwise
+from .._hyper import check_hyperparameter, hyperparameter
+from .._numerics import global_norm
+
+
+class Clip(AbstractGradientTransformation):
+    r"""Clips every element of the updates to $[-\delta, \delta]$.
+
+    $$ u \mapsto \operatorname{clip}(u, -\delta, \delta) $$
+
+    **Arguments:**
+
+    - `max_delta`: $\delta \ge 0$.
+    """
+
+    max_delta: Any = hyperparameter()
+    elementwise = True
+
+    def __check_init__(self):
+        check_hyperparameter("max_delta", self.max_delta, low=0.0)
+
+    def init(self, params: Params) -> EmptyState:
+        return EmptyState()
+
+    def update(self, updates: Updates, state: EmptyState, params: Params | None = None,
+               **extra_args: Any) -> tuple[Updates, EmptyState]:
+        max_delta = self.max_delta
+        return leafwise(lambda g: jnp.clip(g, -max_delta, max_delta), updates), state
+
+
+def clip(max_delta: Any) -> Clip:
+    """Optax spelling of [`eqopt.Clip`][]."""
+    return Clip(max_delta)
+
+
+class ClipByGlobalNorm(AbstractGradientTransformation):
+    r"""Rescales the updates so that their global L2 norm is at most `max_norm`.
+
+    $$ u \mapsto u \cdot \min\!\Big(1, \frac{c}{\|u\|}\Big), \qquad
+       \|u\| = \sqrt{\textstyle\sum_\ell \|u_\ell\|_2^2} $$
+
+    The norm is over all leaves together, so the result does not depend on how
+    the parameters are split into leaves (it is elementwise in eqopt's sense).
+
+    **Arguments:**
+
+    - `max_norm`: $c > 0$.
+
+    **References:** Pascanu, Mikolov & Bengio, *On the difficulty of training
+    recurrent neural networks*, ICML 2013.
+    """
+
+    max_norm: Any = hyperparameter()
+    elementwise = True
+
+    def __check_init__(self):
+        check_hyperparameter("max_norm", self.max_norm, low=0.0, low_inclusive=False)
+
+    def init(self, params: Params) -> EmptyState:
+        return EmptyState()
+
+    def update(self, updates: Updates, state: EmptyState, params: Params | None = None,
+               **extra_args: Any) -> tuple[Updates, EmptyState]:
+        norm = global_norm(updates)
+        within = norm < self.max_norm
+        max_norm = self.max_norm
+
+        def rescale(g):
+            return jnp.where(within, g, (g / norm.astype(g.dtype)) * max_norm)
+
+        return leafwise(rescale, updates), state
+
+
+def clip_by_global_norm(max_norm: Any) -> ClipByGlobalNorm:
+    """Optax spelling of [`eqopt.ClipByGlobalNorm`][]."""
+    return ClipByGlobalNorm(max_norm)

@@ -1,0 +1,79 @@
+"""Decoupled weight decay."""
+
+from typing import Any
+
+
+import jax.numpy as jnp
+
+from .._base import AbstractGradientTransformation, EmptyState, OptState, Params, Updates, leafwise
+from .._filters import FilterSpec, check_selects_something, select_trainable
+from .._hyper import ScalarOrSchedule, check_hyperparameter, hyperparameter
+from .._numerics import safe_int32_increment
+from .basic import ScaleByScheduleState
+
+
+class AddDecayedWeights(AbstractGradientTransformation):
+    r"""Adds the parameters, scaled by the weight decay, to the updates.
+
+    $$ u \mapsto u + \lambda\, \theta $$
+
+    Placed before the learning rate, this is the decoupled weight decay of
+    AdamW.
+
+    `mask` is an Equinox filter spec selecting the leaves to decay (a bool, a
+    per-leaf predicate such as `lambda x: x.ndim > 1`, or a prefix pytree of
+    these); unselected leaves pass through. Unlike Optax, a callable mask is a
+    per-leaf predicate, never a function of the whole params. A mask that
+    selects no trainable leaf is an error.
+
+    **Arguments:**
+
+    - `weight_decay`: $\lambda$, a number or a schedule of the step count (then
+      the state counts steps).
+    - `mask`: optional filter spec.
+
+    **References:** Loshchilov & Hutter, *Decoupled Weight Decay
+    Regularization*, ICLR 2019.
+    """
+
+    weight_decay: ScalarOrSchedule = hyperparameter(default=0.0)
+    mask: FilterSpec | None = None
+
+    def __check_init__(self):
+        check_hyperparameter("weight_decay", self.weight_decay)
+
+    @property
+    def elementwise(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
+        # Without a mask every element is treated alike; a mask selects by leaf.
+        return self.mask is None
+
+    def init(self, params: Params) -> OptState:
+        if self.mask is not None:
+            check_selects_something(select_trainable(self.mask, params), "weight-decay mask")
+        if callable(self.weight_decay):
+            return ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+        return EmptyState()
+
+    def update(self, updates: Updates, state: OptState, params: Params | None = None,
+               **extra_args: Any) -> tuple[Updates, OptState]:
+        if params is None:
+            raise ValueError(
+                "add_decayed_weights needs `params`: call `update(updates, state, params)`."
+            )
+        if callable(self.weight_decay):
+            weight_decay = jnp.asarray(self.weight_decay(state.count))
+            state = ScaleByScheduleState(count=safe_int32_increment(state.count))
+        else:
+            weight_decay = self.weight_decay
+        if self.mask is None:
+            return leafwise(lambda g, p: g + weight_decay * p, updates, params), state
+        mask = select_trainable(self.mask, params, what="weight-decay mask")
+        return leafwise(
+            lambda g, p, selected: g + weight_decay * p if selected else g,
+            updates, params, mask,
+        ), state
+
+
+def add_decayed_weights(weight_decay: ScalarOrSchedule = 0.0, mask: FilterSpec | None = None) -> AddDecayedWeights:
+    """Optax spelling of [`eqopt.AddDecayedWeights`][]."""
+    return AddDecayedWeights(weight_decay, mask)

@@ -1,0 +1,116 @@
+"""Momentum and exponential moving averages."""
+
+from typing import Any
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, Inexact, Int, PyTree
+
+from .._base import AbstractGradientTransformation, Params, Updates, leafwise, zeros_like_trainable
+from .._hyper import check_hyperparameter, hyperparameter
+from .._numerics import safe_int32_increment
+
+
+class TraceState(eqx.Module):
+    """The state of [`eqopt.Trace`][]: the momentum buffer."""
+
+    trace: PyTree[Inexact[Array, "..."] | None]
+
+
+class Trace(AbstractGradientTransformation):
+    r"""Heavy-ball momentum, optionally with Nesterov's look-ahead.
+
+    $$ m_t = g_t + \mu\, m_{t-1}, \qquad
+       u_t = \begin{cases} g_t + \mu\, m_t & \text{Nesterov} \\ m_t & \text{otherwise} \end{cases} $$
+
+    **Arguments:**
+
+    - `decay`: the momentum $\mu$.
+    - `nesterov`: use Nesterov momentum.
+    - `accumulator_dtype`: dtype to store the buffer in (default: the params').
+
+    **References:** Polyak, *Some methods of speeding up the convergence of
+    iteration methods*, 1964; Sutskever et al., *On the importance of
+    initialization and momentum in deep learning*, ICML 2013.
+    """
+
+    decay: Any = hyperparameter()
+    nesterov: bool = eqx.field(default=False, static=True)
+    accumulator_dtype: Any = eqx.field(default=None, static=True)
+    elementwise = True
+
+    def __check_init__(self):
+        check_hyperparameter("decay", self.decay)
+
+    def init(self, params: Params) -> TraceState:
+        return TraceState(trace=zeros_like_trainable(params, self.accumulator_dtype))
+
+    def update(self, updates: Updates, state: TraceState, params: Params | None = None,
+               **extra_args: Any) -> tuple[Updates, TraceState]:
+        decay = self.decay
+
+        def step(g, t):
+            new_trace = g + decay * t
+            update = g + decay * new_trace if self.nesterov else new_trace
+            return update, new_trace.astype(t.dtype)
+
+        updates, trace = leafwise(step, updates, state.trace, n_out=2)
+        return updates, TraceState(trace=trace)
+
+
+def trace(decay: Any, nesterov: bool = False, accumulator_dtype: Any = None) -> Trace:
+    """Optax spelling of [`eqopt.Trace`][]."""
+    return Trace(decay, nesterov, accumulator_dtype)
+
+
+class EmaState(eqx.Module):
+    """The state of [`eqopt.Ema`][]: step count and the moving average."""
+
+    count: Int[Array, ""]
+    ema: PyTree[Inexact[Array, "..."] | None]
+
+
+class Ema(AbstractGradientTransformation):
+    r"""Replaces the updates by their exponential moving average.
+
+    $$ e_t = \beta\, e_{t-1} + (1 - \beta)\, g_t, \qquad
+       u_t = \begin{cases} e_t / (1 - \beta^t) & \text{debias} \\ e_t & \text{otherwise} \end{cases} $$
+
+    **Arguments:**
+
+    - `decay`: $\beta \in [0, 1]$.
+    - `debias`: divide by $1 - \beta^t$ (Kingma & Ba, 2015).
+    - `accumulator_dtype`: dtype to store the average in (default: the params').
+    """
+
+    decay: Any = hyperparameter()
+    debias: bool = eqx.field(default=True, static=True)
+    accumulator_dtype: Any = eqx.field(default=None, static=True)
+    elementwise = True
+
+    def __check_init__(self):
+        check_hyperparameter("decay", self.decay, low=0.0, high=1.0, high_inclusive=True)
+
+    def init(self, params: Params) -> EmaState:
+        return EmaState(
+            count=jnp.zeros([], jnp.int32),
+            ema=zeros_like_trainable(params, self.accumulator_dtype),
+        )
+
+    def update(self, updates: Updates, state: EmaState, params: Params | None = None,
+               **extra_args: Any) -> tuple[Updates, EmaState]:
+        decay = self.decay
+        count = safe_int32_increment(state.count)
+
+        def step(g, e):
+            new = (1 - decay) * g + decay * e
+            update = new / (1 - decay**count).astype(new.dtype) if self.debias else new
+            return update, new.astype(e.dtype)
+
+        updates, ema = leafwise(step, updates, state.ema, n_out=2)
+        return updates, EmaState(count=count, ema=ema)
+
+
+def ema(decay: Any, debias: bool = True, accumulator_dtype: Any = None) -> Ema:
+    """Optax spelling of [`eqopt.Ema`][]."""
+    return Ema(decay, debias, accumulator_dtype)

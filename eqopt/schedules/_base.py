@@ -1,0 +1,204 @@
+"""The schedule protocol, wrapping plain callables, and shared field helpers."""
+
+import abc
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Float, Real
+
+from .._hyper import as_hyperparameter, check_hyperparameter, is_concrete
+
+
+def _as_float_hyperparameter(value):
+    # A schedule returns a float, so integer hyperparameters (`init_value=1`) are
+    # stored as floats; otherwise exactly `as_hyperparameter` (weakly typed scalars).
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        value = float(value)
+    value = as_hyperparameter(value)
+    if eqx.is_array(value) and jnp.issubdtype(value.dtype, jnp.integer):
+        value = value.astype(jnp.result_type(float))
+    return value
+
+
+def _as_static_number(value):
+    # Step counts are static: a concrete 0-d array becomes the Python number it holds.
+    if isinstance(value, (jax.Array, np.ndarray, np.generic)):
+        return value.item()
+    return value
+
+
+def _as_static_ints(values) -> tuple[int, ...]:
+    return tuple(operator.index(value) for value in values)
+
+
+def hyperparameter(**kwargs):
+    """A numeric schedule field: a dynamic, weakly-typed floating-point scalar leaf."""
+    return eqx.field(converter=_as_float_hyperparameter, **kwargs)
+
+
+def static_number(**kwargs):
+    """A static field holding a step count or another Python number."""
+    return eqx.field(static=True, converter=_as_static_number, **kwargs)
+
+
+def check_finite(schedule: eqx.Module, *names: str) -> None:
+    """Raises a `ValueError` naming the first concrete non-finite field of `names`."""
+    for name in names:
+        check_hyperparameter(name, getattr(schedule, name))
+
+
+class _Number:
+    # Shown in place of a concrete scalar leaf by `AbstractSchedule.__repr__`.
+    def __init__(self, value: Array):
+        self.value = value
+
+    def __repr__(self) -> str:
+        number = str(np.asarray(self.value)[()])
+        if getattr(self.value, "weak_type", False):
+            return number
+        return f"{self.value.dtype.name}({number})"
+
+
+def _show_number(leaf):
+    if is_concrete(leaf) and leaf.ndim == 0:
+        return _Number(leaf)
+    return leaf
+
+
+class AbstractSchedule(eqx.Module):
+    """Base class for schedules: modules mapping a step count to a scalar.
+
+    A schedule is an `equinox.Module`, so its numeric hyperparameters (initial,
+    peak and end values, decay rates...) are array leaves: they can be changed
+    with `eqx.tree_at` without recompiling a `filter_jit`-ed function,
+    `vmap`-ped over for a sweep, and differentiated. Step counts that decide the
+    shape of the schedule (`transition_steps`, `boundaries`...) are static.
+
+    Subclasses implement `__call__`. A plain Python callable is turned into a
+    schedule by [`eqopt.schedules.WrappedSchedule`][] (or
+    [`eqopt.schedules.as_schedule`][]).
+    """
+
+    @abc.abstractmethod
+    def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
+        """Evaluates the schedule at step `count`.
+
+        **Arguments:**
+
+        - `count`: the step count, a scalar: a Python `int` or `float`, or a 0-d
+            integer or floating-point array (possibly traced, for example the
+            `count` field of an optimiser state). Counts before the start (even
+            negative ones) and after the end of the schedule are valid.
+
+        **Returns:**
+
+        The value of the schedule at `count`, a floating-point scalar array. Its
+        dtype follows JAX's promotion rules between the hyperparameters and the
+        count: with Python-number hyperparameters (weakly typed) and a Python
+        `int` count it is a weakly-typed default float, so it does not promote a
+        `bfloat16` computation that it scales.
+        """
+
+    def __repr__(self) -> str:
+        # Concrete scalar hyperparameters print as numbers instead of `weak_f32[]`.
+        return eqx.tree_pformat(jax.tree.map(_show_number, self))
+
+
+class ConstantSchedule(AbstractSchedule):
+    r"""A schedule that always returns the same value.
+
+    $$ \eta_t = v $$
+
+    **Arguments:**
+
+    - `value`: the value $v$ returned at every step.
+    """
+
+    value: Float[Array, ""] = hyperparameter()
+
+    def __check_init__(self):
+        check_finite(self, "value")
+
+    def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
+        del count
+        return self.value
+
+
+def constant_schedule(value: Real[ArrayLike, ""]) -> ConstantSchedule:
+    """Returns a [`eqopt.schedules.ConstantSchedule`][] holding `value` at every step.
+
+    Optax spelling of [`eqopt.schedules.ConstantSchedule`][]. Unlike Optax, the
+    value is returned as a floating-point array (Optax returns `value` itself).
+    """
+    return ConstantSchedule(value=value)
+
+
+class WrappedSchedule(AbstractSchedule):
+    """A schedule that calls a plain function of the step count.
+
+    This is how any callable `count -> value` (an Optax schedule, a `lambda`)
+    becomes an eqopt schedule. The result is converted to a floating-point
+    array. If the callable is itself a pytree (an `eqx.Module`, a
+    `jax.tree_util.Partial`), its array leaves are leaves of this schedule; a
+    plain function is a static part of it.
+
+    Optax's `WrappedSchedule` turns a schedule into a stateful one for
+    `inject_stateful_hyperparams`; here every schedule is a function of the
+    step count, so this class only adapts the calling convention.
+
+    **Arguments:**
+
+    - `schedule_fn`: a callable taking the step count and returning a scalar.
+
+    !!! example
+
+        ```python
+        schedule = eqopt.schedules.WrappedSchedule(lambda count: 0.1 / (1 + count))
+        schedule(9)  # Array(0.01, dtype=float32, weak_type=True)
+        ```
+    """
+
+    schedule_fn: Callable[..., Any]
+
+    def __check_init__(self):
+        if not callable(self.schedule_fn):
+            raise TypeError(
+                f"`schedule_fn` must be callable, got {type(self.schedule_fn).__name__}."
+            )
+
+    def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
+        value = self.schedule_fn(count)
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            value = float(value)
+        value = jnp.asarray(value)
+        if not jnp.issubdtype(value.dtype, jnp.inexact):
+            value = value.astype(jnp.result_type(float))
+        return value
+
+
+def as_schedule(value: Any) -> AbstractSchedule:
+    """Turns a number or any callable into an eqopt schedule.
+
+    A schedule is returned unchanged, another callable is wrapped in a
+    [`eqopt.schedules.WrappedSchedule`][], and a number in a
+    [`eqopt.schedules.ConstantSchedule`][]. Use it wherever a hyperparameter
+    may be given as a number, a schedule or a plain function.
+
+    **Arguments:**
+
+    - `value`: an `AbstractSchedule`, a callable `count -> value`, or a scalar.
+
+    **Returns:**
+
+    An [`eqopt.schedules.AbstractSchedule`][].
+    """
+    if isinstance(value, AbstractSchedule):
+        return value
+    if callable(value):
+        return WrappedSchedule(value)
+    return ConstantSchedule(value)
