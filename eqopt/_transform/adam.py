@@ -68,6 +68,13 @@ class ScaleByAdam(AbstractGradientTransformation):
       Optax has no such option.
     - `nesterov`: use Nesterov momentum (NAdam).
 
+    !!! note "Numerics"
+        `b1`, `b2` and `eps` are float32 leaves, so $1 - \beta_2$ is rounded in
+        float32, where Optax subtracts Python floats in double precision. With
+        the default $\beta_2 = 0.999$ this is a relative $10^{-5}$ in $v$
+        (about $5 \cdot 10^{-6}$ in the update); for decays exactly representable
+        in float32 the results are identical.
+
     **References:** Kingma & Ba, *Adam: A Method for Stochastic Optimization*,
     ICLR 2015; Dozat, *Incorporating Nesterov Momentum into Adam*, ICLR 2016
     workshop.

@@ -9,12 +9,12 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float, Real
+from jaxtyping import Array, ArrayLike, Float, Int, Real
 
 from .._hyper import as_hyperparameter, check_hyperparameter, is_concrete
 
 
-def _as_float_hyperparameter(value):
+def _as_float_hyperparameter(value: Real[ArrayLike, ""]):
     # A schedule returns a float, so integer hyperparameters (`init_value=1`) are
     # stored as floats; otherwise exactly `as_hyperparameter` (weakly typed scalars).
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
@@ -25,25 +25,32 @@ def _as_float_hyperparameter(value):
     return value
 
 
-def _as_static_number(value):
-    # Step counts are static: a concrete 0-d array becomes the Python number it holds.
-    if isinstance(value, (jax.Array, np.ndarray, np.generic)):
-        return value.item()
-    return value
+def _as_optional_float_hyperparameter(value: Real[ArrayLike, ""] | None):
+    return None if value is None else _as_float_hyperparameter(value)
+
+
+def _as_static_int(value: int | Int[ArrayLike, ""]) -> int:
+    # Step counts are static: a concrete 0-d array becomes the Python int it holds.
+    return operator.index(value)
 
 
 def _as_static_ints(values) -> tuple[int, ...]:
     return tuple(operator.index(value) for value in values)
 
 
-def hyperparameter(**kwargs):
-    """A numeric schedule field: a dynamic, weakly-typed floating-point scalar leaf."""
+def hyperparameter(*, optional: bool = False, **kwargs):
+    """A numeric schedule field: a dynamic, weakly-typed floating-point scalar leaf.
+
+    With `optional=True` the field may also be `None`.
+    """
+    if optional:
+        return eqx.field(converter=_as_optional_float_hyperparameter, **kwargs)
     return eqx.field(converter=_as_float_hyperparameter, **kwargs)
 
 
-def static_number(**kwargs):
-    """A static field holding a step count or another Python number."""
-    return eqx.field(static=True, converter=_as_static_number, **kwargs)
+def static_steps(**kwargs):
+    """A static field holding a number of steps, a Python `int`."""
+    return eqx.field(static=True, converter=_as_static_int, **kwargs)
 
 
 def check_finite(schedule: eqx.Module, *names: str) -> None:

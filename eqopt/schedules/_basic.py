@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
-from ._base import AbstractSchedule, check_finite, hyperparameter, static_number
+from ._base import AbstractSchedule, check_finite, hyperparameter, static_steps
 
 
 def _polynomial(init_value, end_value, power, transition_steps, transition_begin, count):
@@ -11,7 +11,9 @@ def _polynomial(init_value, end_value, power, transition_steps, transition_begin
     if transition_steps <= 0:
         return init_value
     steps_done = jnp.clip(count - max(transition_begin, 0), 0, transition_steps)
-    remaining = 1 - steps_done / transition_steps
+    # Clipped because, under `jit`, XLA may round `1 - steps / steps` below zero,
+    # and a fractional power of it would be NaN.
+    remaining = jnp.maximum(1 - steps_done / transition_steps, 0)
     if power is not None:
         remaining = remaining**power
     return (init_value - end_value) * remaining + end_value
@@ -47,8 +49,8 @@ class PolynomialSchedule(AbstractSchedule):
     init_value: Float[Array, ""] = hyperparameter()
     end_value: Float[Array, ""] = hyperparameter()
     power: Float[Array, ""] = hyperparameter()
-    transition_steps: int = static_number()
-    transition_begin: int = static_number(default=0)
+    transition_steps: int = static_steps()
+    transition_begin: int = static_steps(default=0)
 
     def __check_init__(self):
         check_finite(self, "init_value", "end_value", "power")
@@ -109,8 +111,8 @@ class LinearSchedule(AbstractSchedule):
 
     init_value: Float[Array, ""] = hyperparameter()
     end_value: Float[Array, ""] = hyperparameter()
-    transition_steps: int = static_number()
-    transition_begin: int = static_number(default=0)
+    transition_steps: int = static_steps()
+    transition_begin: int = static_steps(default=0)
 
     def __check_init__(self):
         check_finite(self, "init_value", "end_value")
@@ -169,7 +171,7 @@ class WarmupConstantSchedule(AbstractSchedule):
 
     init_value: Float[Array, ""] = hyperparameter()
     peak_value: Float[Array, ""] = hyperparameter()
-    warmup_steps: int = static_number()
+    warmup_steps: int = static_steps()
 
     def __check_init__(self):
         check_finite(self, "init_value", "peak_value")

@@ -1,9 +1,10 @@
 """Exponential decay, with and without a linear warmup."""
 
+import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
-from ._base import AbstractSchedule, check_finite, hyperparameter, static_number
+from ._base import AbstractSchedule, check_finite, hyperparameter, static_steps
 from ._basic import _linear
 
 
@@ -73,11 +74,11 @@ class ExponentialDecaySchedule(AbstractSchedule):
     """
 
     init_value: Float[Array, ""] = hyperparameter()
-    transition_steps: int = static_number()
+    transition_steps: int = static_steps()
     decay_rate: Float[Array, ""] = hyperparameter()
-    transition_begin: int = static_number(default=0)
-    staircase: bool = static_number(default=False)
-    end_value: Float[Array, ""] | None = hyperparameter(default=None)
+    transition_begin: int = static_steps(default=0)
+    staircase: bool = eqx.field(static=True, default=False)
+    end_value: Float[Array, ""] | None = hyperparameter(optional=True, default=None)
 
     def __check_init__(self):
         check_finite(self, "init_value", "decay_rate")
@@ -152,12 +153,12 @@ class WarmupExponentialDecaySchedule(AbstractSchedule):
 
     init_value: Float[Array, ""] = hyperparameter()
     peak_value: Float[Array, ""] = hyperparameter()
-    warmup_steps: int = static_number()
-    transition_steps: int = static_number()
+    warmup_steps: int = static_steps()
+    transition_steps: int = static_steps()
     decay_rate: Float[Array, ""] = hyperparameter()
-    transition_begin: int = static_number(default=0)
-    staircase: bool = static_number(default=False)
-    end_value: Float[Array, ""] | None = hyperparameter(default=None)
+    transition_begin: int = static_steps(default=0)
+    staircase: bool = eqx.field(static=True, default=False)
+    end_value: Float[Array, ""] | None = hyperparameter(optional=True, default=None)
 
     def __check_init__(self):
         check_finite(self, "init_value", "peak_value", "decay_rate")

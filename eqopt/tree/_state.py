@@ -1,0 +1,357 @@
+"""Finding, reading and replacing named parts of optimiser states."""
+
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+import equinox as eqx
+import jax
+from jaxtyping import PyTree
+
+from ._paths import KeyPath, children, is_none, path_str
+
+Filtering = Callable[[KeyPath, Any], bool]
+
+
+def _is_named_node(node: Any) -> bool:
+    return isinstance(node, eqx.Module) or (isinstance(node, tuple) and hasattr(node, "_fields"))
+
+
+def _key_name(key: Any) -> Any:
+    if isinstance(key, jax.tree_util.DictKey):
+        return key.key
+    if isinstance(key, jax.tree_util.GetAttrKey):
+        return key.name
+    return _NO_NAME
+
+
+class _NoName:
+    """Marks a key (a sequence index) that never matches a name."""
+
+
+_NO_NAME = _NoName()
+
+
+def _walk(node: Any, path: KeyPath, last_key: Any):
+    """Yields `(path, node, name_of_last_key)` for every node, parents first."""
+    yield path, node, last_key
+    level = children(node)
+    if level is None:
+        return
+    for key, child in level[0]:
+        yield from _walk(child, (*path, key), _key_name(key))
+
+
+def _matches(key: Any, node: Any, last_name: Any) -> bool:
+    if not isinstance(last_name, _NoName) and _safe_equal(last_name, key):
+        return True
+    return _is_named_node(node) and type(node).__name__ == key
+
+
+def _safe_equal(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # e.g. comparing an array-valued key
+        return False
+
+
+def get_all_with_path(
+    tree: PyTree, key: Any, filtering: Filtering | None = None
+) -> list[tuple[KeyPath, Any]]:
+    """Finds every value of a pytree stored under a given field name or key.
+
+    A node matches when it is stored under `key` (the name of a field of an
+    `eqx.Module` or NamedTuple, or a dict key), or when it is an `eqx.Module` or
+    NamedTuple whose class is named `key`. The search goes through every level,
+    so it finds e.g. the `learning_rate` in the `hyperparams` dict of an
+    injected-hyperparameters state, or the `mu` of an Adam state inside a chain.
+
+    **Arguments:**
+
+    - `tree`: the pytree to search, typically an optimiser state (or an optimiser:
+      its hyperparameters are fields too).
+    - `key`: the field name, dict key or class name to look for.
+    - `filtering`: an optional predicate `filtering(path, value) -> bool` to keep
+      only some matches; `path` is a tuple of JAX key entries
+      (`jax.tree_util.GetAttrKey`, `DictKey`, `SequenceKey`...), printable with
+      `jax.tree_util.keystr`.
+
+    **Returns:** a list of `(path, value)`, parents before their children, in
+    leaf order.
+
+    !!! example
+
+        ```python
+        state = eqopt.chain(eqopt.clip(1.0), eqopt.scale_by_adam()).init(model)
+        [(jax.tree_util.keystr(p), v) for p, v in eqopt.tree.get_all_with_path(state, "count")]
+        ```
+    """
+    return [
+        (path, node)
+        for path, node, last_name in _walk(tree, (), _NO_NAME)
+        if _matches(key, node, last_name) and (filtering is None or filtering(path, node))
+    ]
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING: Any = _Missing()
+
+
+def get(tree: PyTree, key: Any, default: Any = _MISSING, filtering: Filtering | None = None) -> Any:
+    """Reads the one value of a pytree stored under a given field name or key.
+
+    Matching is as for [`eqopt.tree.get_all_with_path`][].
+
+    **Arguments:**
+
+    - `tree`: the pytree to search, typically an optimiser state.
+    - `key`: the field name, dict key or class name to look for.
+    - `default`: returned when nothing matches. Without it, no match is an error.
+    - `filtering`: an optional predicate `filtering(path, value) -> bool` to choose
+      among several matches.
+
+    **Returns:** the matching value.
+
+    **Raises:** `KeyError` naming the paths found if several values match, or if
+    none does and no `default` is given.
+
+    !!! example
+
+        ```python
+        lr = eqopt.tree.get(state, "learning_rate")   # from an injected state
+        mu = eqopt.tree.get(state, "mu")              # the Adam moment inside a chain
+        ```
+    """
+    found = get_all_with_path(tree, key, filtering)
+    if len(found) == 1:
+        return found[0][1]
+    if not found:
+        if default is not _MISSING:
+            return default
+        raise KeyError(f"get: found no value under {key!r}" + _filter_note(filtering) + ".")
+    paths = ", ".join(path_str(path) for path, _ in found)
+    raise KeyError(
+        f"get: found {len(found)} values under {key!r}" + _filter_note(filtering)
+        + f", at {paths}. Pass `filtering=lambda path, value: ...` to choose one."
+    )
+
+
+def _filter_note(filtering: Filtering | None) -> str:
+    return "" if filtering is None else " that pass `filtering`"
+
+
+def _replace(node: Any, path: KeyPath, replacements: dict[KeyPath, Any]) -> Any:
+    if path in replacements:
+        return replacements[path]
+    if not any(p[: len(path)] == path for p in replacements):
+        return node
+    level = children(node)
+    if level is None:
+        return node
+    pairs, treedef = level
+    return treedef.unflatten([_replace(child, (*path, key), replacements) for key, child in pairs])
+
+
+def set(tree: PyTree, filtering: Filtering | None = None, /, **kwargs: Any) -> PyTree:
+    """A copy of a pytree with the values under some field names or keys replaced.
+
+    Matching is as for [`eqopt.tree.get_all_with_path`][]; every match is
+    replaced, and where matches are nested the outermost one is. The tree is
+    rebuilt node by node, so frozen `eqx.Module` states work.
+
+    **Arguments:**
+
+    - `tree`: the pytree, typically an optimiser state.
+    - `filtering`: an optional predicate `filtering(path, value) -> bool`; only
+      matches passing it are replaced. Positional only.
+    - `**kwargs`: `name=new_value` for each field name or key to replace.
+
+    **Returns:** the new pytree; `tree` itself is not modified.
+
+    **Raises:** `KeyError` if some name matches nothing.
+
+    !!! example
+
+        ```python
+        state = eqopt.tree.set(state, learning_rate=jnp.asarray(1e-4))
+        ```
+    """
+    replacements: dict[KeyPath, Any] = {}
+    for key, value in kwargs.items():
+        found = get_all_with_path(tree, key, filtering)
+        if not found:
+            raise KeyError(f"set: found no value under {key!r}" + _filter_note(filtering) + ".")
+        for path, _ in found:
+            replacements[path] = value
+    # Keep only the outermost of nested matches.
+    outermost = {
+        path: value
+        for path, value in replacements.items()
+        if not any(other != path and path[: len(other)] == other for other in replacements)
+    }
+    return _replace(tree, (), outermost)
+
+
+# ---------------------------------------------------------------------------
+# map_params
+# ---------------------------------------------------------------------------
+
+
+@runtime_checkable
+class _Initable(Protocol):
+    def init(self, params: Any) -> Any: ...
+
+
+class _ParamsPlaceholder:
+    """Stands for the whole params tree while an optimiser's state is built.
+
+    A pytree node with no children: a transform's `init` maps over it as over
+    an empty tree and returns it unchanged, so it marks in the state every place
+    that holds a tree shaped like the params.
+    """
+
+
+jax.tree_util.register_pytree_node(
+    _ParamsPlaceholder, lambda _: ((), None), lambda _, __: _ParamsPlaceholder()
+)
+
+
+def _is_placeholder(x: Any) -> bool:
+    return isinstance(x, _ParamsPlaceholder)
+
+
+def map_params(
+    initable: _Initable | Callable[[PyTree], PyTree],
+    f: Callable[..., Any],
+    state: PyTree,
+    /,
+    *rest: PyTree,
+    transform_non_params: Callable[..., Any] | None = None,
+    is_leaf: Callable[[Any], bool] | None = None,
+) -> PyTree:
+    """Maps a function over the parts of an optimiser state shaped like the params.
+
+    The params-shaped parts (the `mu` and `nu` of Adam, a momentum trace...) are
+    found as Optax finds them: `initable` is initialised on a placeholder that
+    stands for the whole params tree, and wherever the placeholder shows up in
+    the state it builds, the corresponding subtree of `state` is params-shaped.
+    If that cannot be done (an `init` that inspects the params, such as a mask
+    or a partition, rejects the placeholder) and `rest` is given, the parts are
+    found by structure instead: every subtree of `state` with the tree structure
+    of `rest[0]` (counting `None` as a leaf, so eqopt's moments with `None` at
+    non-trainable leaves match the whole model).
+
+    `f` is mapped over the leaves of each params-shaped part together with the
+    matching leaves of `rest`. Typical use: derive sharding specs for an
+    optimiser state from those of the params.
+
+    **Arguments:**
+
+    - `initable`: an optimiser (anything with an `init(params)` method) or an init
+      function.
+    - `f`: called as `f(leaf, *rest_leaves)` on each leaf of each params-shaped
+      part of `state`. `None` leaves (eqopt's marker of a non-trainable
+      parameter) stay `None` and `f` is not called there.
+    - `state`: the optimiser state, as `initable.init(params)` returned it.
+    - `*rest`: pytrees shaped like the params, whose leaves are passed to `f`.
+    - `transform_non_params`: applied to every other leaf of `state` (step counts,
+      hyperparameters...); by default those are left unchanged.
+    - `is_leaf`: passed to `jax.tree.map` over the params-shaped parts, to stop at
+      subtrees that are not to be descended into.
+
+    **Returns:** a pytree shaped like `state`.
+
+    **Raises:** `ValueError` if the params-shaped parts cannot be found.
+
+    !!! example
+
+        ```python
+        specs = eqopt.tree.map_params(opt, lambda _, spec: spec, state, param_specs,
+                                      transform_non_params=lambda _: None)
+        ```
+    """
+
+    def none_or_leaf(x: Any) -> bool:
+        return x is None or (is_leaf is not None and is_leaf(x))
+
+    def map_part(value: Any) -> Any:
+        return jax.tree.map(
+            lambda leaf, *others: None if leaf is None else f(leaf, *others),
+            value,
+            *rest,
+            is_leaf=none_or_leaf,
+        )
+
+    def map_other(value: Any) -> Any:
+        return value if transform_non_params is None else transform_non_params(value)
+
+    problem = _find_by_placeholder(initable, state)
+    if not isinstance(problem, str):
+        marked = problem
+        return jax.tree.map(
+            lambda marker, value: map_part(value) if _is_placeholder(marker) else map_other(value),
+            marked,
+            state,
+            is_leaf=_is_placeholder,
+        )
+    if not rest:
+        raise ValueError(
+            f"map_params: cannot find the params-shaped parts of `state`: {problem} "
+            "Pass a pytree shaped like the params in `*rest` to find them by structure."
+        )
+    reference = jax.tree_util.tree_structure(rest[0], is_leaf=is_none)
+    if reference.num_nodes == 1:
+        raise ValueError(
+            f"map_params: cannot find the params-shaped parts of `state`: {problem} "
+            "Finding them by structure is ambiguous when the params are a single array."
+        )
+
+    def by_structure(node: Any) -> Any:
+        if node is None:
+            return None
+        if jax.tree_util.tree_structure(node, is_leaf=is_none) == reference:
+            return map_part(node)
+        level = children(node)
+        if level is None:
+            return map_other(node)
+        pairs, treedef = level
+        return treedef.unflatten([by_structure(child) for _, child in pairs])
+
+    return by_structure(state)
+
+
+def _find_by_placeholder(initable: Any, state: Any) -> Any:
+    """The state `initable` builds on a params placeholder, or why it cannot be used."""
+    placeholder = _ParamsPlaceholder()
+    try:
+        if isinstance(initable, _Initable):
+            marked = initable.init(placeholder)
+        else:
+            marked = initable(placeholder)
+    except Exception as error:  # an init that inspects the params
+        return f"initialising on a placeholder failed ({type(error).__name__}: {error})."
+    found = _first_prefix_difference(marked, state)
+    if found is not None:
+        return (
+            "the state built on a placeholder differs from `state` at "
+            f"{path_str(found)}."
+        )
+    return marked
+
+
+def _first_prefix_difference(marked: Any, state: Any, path: KeyPath = ()) -> KeyPath | None:
+    if _is_placeholder(marked):
+        return None
+    marked_level, state_level = children(marked), children(state)
+    if marked_level is None:
+        return None if state_level is None else path
+    if state_level is None or marked_level[1] != state_level[1]:
+        return path
+    for (key, m), (_, s) in zip(marked_level[0], state_level[0]):
+        found = _first_prefix_difference(m, s, (*path, key))
+        if found is not None:
+            return found
+    return None

@@ -1,0 +1,252 @@
+"""Generic tests run over every case of the registry (see registry.py)."""
+
+import io
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from helpers import assert_tree_allclose
+from jaxtyping import Array, Inexact, Int
+from registry import ALL_CASES, build
+
+import eqopt
+
+CASE_IDS = [case.name for case in ALL_CASES]
+
+
+class Model(eqx.Module):
+    """A small model with the leaves Equinox users have: arrays, functions, ints, strings."""
+
+    w: Inexact[Array, "4 3"]
+    b: Inexact[Array, "3"]
+    s: Inexact[Array, ""]
+    indices: Int[Array, "2"]
+    activation: Callable = jax.nn.relu
+    depth: int = 2
+    name: str = "model"
+
+
+def make_model(dtype=jnp.float32, seed=0) -> Model:
+    keys = jax.random.split(jax.random.key(seed), 6)
+
+    def draw(key, shape):
+        if jnp.issubdtype(dtype, jnp.complexfloating):
+            real, imag = jax.random.normal(key, (2, *shape))
+            return (real + 1j * imag).astype(dtype)
+        return jax.random.normal(key, shape).astype(dtype)
+
+    return Model(draw(keys[0], (4, 3)), draw(keys[1], (3,)), draw(keys[2], ()), jnp.array([0, 1]))
+
+
+def as_dict(model: Model) -> dict:
+    return {"w": model.w, "b": model.b, "s": model.s}
+
+
+def random_grads(model: Model, step: int):
+    """Gradients shaped like eqx.filter_grad's output: None at non-trainable leaves."""
+    other = make_model(model.w.dtype, seed=1000 + step)
+    return eqx.tree_at(
+        lambda m: (m.indices, m.activation, m.depth, m.name),
+        other,
+        (None, None, None, None),
+        is_leaf=lambda x: x is None,
+    )
+
+
+def loss(model: Model) -> jax.Array:
+    x = jnp.arange(4.0)
+    y = model.activation(jnp.real(x @ model.w + model.b)) * jnp.real(model.s)
+    return jnp.sum(y**2) + model.depth
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=CASE_IDS)
+def test_whole_model_init_update(case):
+    model = make_model()
+    tx = build(case.make, model)
+    state = tx.init(model)
+    grads = eqx.filter_grad(loss)(model)
+    assert grads.activation is None and grads.indices is None and grads.name is None
+    for _ in range(2):
+        updates, state = tx.update(grads, state, model)
+        # Non-trainable leaves get None; trainable ones keep their shape.
+        assert updates.activation is None and updates.indices is None
+        assert updates.w.shape == (4, 3) and updates.s.shape == ()
+        model = eqopt.apply_updates(model, updates)
+    assert model.activation is jax.nn.relu and model.depth == 2 and model.name == "model"
+    assert model.w.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=CASE_IDS)
+def test_jit_no_retrace_when_hyperparameter_changes(case):
+    model = make_model()
+    tx = build(case.make, model)
+    traces = []
+
+    @eqx.filter_jit
+    def step(tx, model, state):
+        traces.append(None)
+        grads = eqx.filter_grad(loss)(model)
+        updates, state = tx.update(grads, state, model)
+        return eqopt.apply_updates(model, updates), state
+
+    state = tx.init(model)
+    model, state = step(tx, model, state)
+    leaves, treedef = jax.tree.flatten(tx)
+    changed = [
+        leaf * 0.5 if eqx.is_inexact_array(leaf) and leaf.ndim == 0 else leaf for leaf in leaves
+    ]
+    model, state = step(jax.tree.unflatten(treedef, changed), model, state)
+    model, state = step(tx, model, state)
+    assert len(traces) == 1
+
+
+def _modules(tree):
+    return [x for x in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, eqx.Module))
+            if isinstance(x, eqx.Module)]
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=CASE_IDS)
+def test_state_is_typed_module_and_serialises(case):
+    model = make_model()
+    tx = build(case.make, model)
+    state = tx.init(model)
+    assert isinstance(state, eqx.Module)
+    _, state = tx.update(eqx.filter_grad(loss)(model), state, model)
+    buffer = io.BytesIO()
+    eqx.tree_serialise_leaves(buffer, state)
+    buffer.seek(0)
+    like = jax.tree.map(lambda x: jnp.zeros_like(x) if eqx.is_array(x) else x, state)
+    restored = eqx.tree_deserialise_leaves(buffer, like)
+    assert_tree_allclose(restored, state, rtol=0, atol=0)
+    # Every field of every state Module is annotated.
+    for module in [state, *_modules(state)]:
+        annotations = {}
+        for cls in reversed(type(module).__mro__):
+            annotations.update(getattr(cls, "__annotations__", {}))
+        for field in module.__dataclass_fields__:
+            assert field in annotations, f"{type(module).__name__}.{field} is not annotated"
+
+
+def _parity_cases():
+    for case in ALL_CASES:
+        if case.optax is None or case.random:
+            continue
+        for dtype in case.dtypes:
+            yield pytest.param(case, dtype, id=f"{case.name}-{dtype}")
+
+
+@pytest.mark.parametrize("case,dtype", list(_parity_cases()))
+def test_parity_with_optax(case, dtype):
+    dtype = jnp.dtype(dtype)
+    model = make_model(dtype)
+    params = as_dict(model)
+    tx = build(case.make, model)
+    reference = build(case.optax, params)
+    state, reference_state = tx.init(model), reference.init(params)
+    low_precision = dtype == jnp.bfloat16
+    rtol = 2e-2 if low_precision else case.rtol
+    atol = 2e-2 if low_precision else case.atol
+    for step in range(case.steps):
+        grads = random_grads(model, step)
+        extra = {} if case.extra_args is None else case.extra_args(model, grads)
+        updates, state = tx.update(grads, state, model, **extra)
+        reference_updates, reference_state = reference.update(
+            as_dict(grads), reference_state, params, **extra
+        )
+        assert_tree_allclose(as_dict(updates), reference_updates, rtol=rtol, atol=atol)
+        model = eqopt.apply_updates(model, updates)
+        params = optax.apply_updates(params, reference_updates)
+        assert_tree_allclose(as_dict(model), params, rtol=rtol, atol=atol)
+        assert jax.tree.map(lambda x: x.dtype, as_dict(model)) == jax.tree.map(
+            lambda x: x.dtype, params
+        )
+
+
+ELEMENTWISE_CASES = [c for c in ALL_CASES if build(c.make, make_model()).elementwise]
+
+
+def test_elementwise_declared():
+    for case in ALL_CASES:
+        assert isinstance(build(case.make, make_model()).elementwise, bool), case.name
+    # The claim is made where DESIGN §2 says it holds.
+    assert eqopt.scale_by_adam().elementwise and eqopt.clip_by_global_norm(1.0).elementwise
+    assert not eqopt.masked(eqopt.scale(1.0), lambda x: x.ndim > 1).elementwise
+
+
+@pytest.mark.parametrize("case", ELEMENTWISE_CASES, ids=[c.name for c in ELEMENTWISE_CASES])
+def test_elementwise_claim(case):
+    """An elementwise transform gives the same result on leaves and on their concatenation."""
+    model = make_model()
+    params = as_dict(model)
+    order = ("w", "b", "s")
+
+    def flat(tree):
+        return {"all": jnp.concatenate([jnp.ravel(tree[k]) for k in order])}
+
+    tx = build(case.make, params)
+    flat_params = flat(params)
+    flat_tx = build(case.make, flat_params)
+    state, flat_state = tx.init(params), flat_tx.init(flat_params)
+    for step in range(3):
+        grads = as_dict(random_grads(model, step))
+        updates, state = tx.update(grads, state, params)
+        flat_updates, flat_state = flat_tx.update(flat(grads), flat_state, flat_params)
+        assert_tree_allclose(flat(updates), flat_updates, rtol=1e-5, atol=1e-6)
+        params = eqopt.apply_updates(params, updates)
+        flat_params = eqopt.apply_updates(flat_params, flat_updates)
+
+
+def test_vmap_over_learning_rate_is_one_program():
+    model = make_model()
+    grads = eqx.filter_grad(loss)(model)
+
+    def run(learning_rate):
+        tx = eqopt.chain(eqopt.scale_by_adam(), eqopt.scale_by_learning_rate(learning_rate))
+        updates, _ = tx.update(grads, tx.init(model), model)
+        return updates.w
+
+    learning_rates = jnp.array([0.1, 0.01, 0.001])
+    swept = eqx.filter_jit(jax.vmap(run))(learning_rates)
+    for i, learning_rate in enumerate(learning_rates):
+        np.testing.assert_allclose(swept[i], run(float(learning_rate)), rtol=1e-6)
+
+
+def test_grad_through_learning_rate():
+    model = make_model()
+
+    def after_step(learning_rate):
+        tx = eqopt.chain(eqopt.scale_by_adam(), eqopt.scale_by_learning_rate(learning_rate))
+        grads = eqx.filter_grad(loss)(model)
+        updates, _ = tx.update(grads, tx.init(model), model)
+        return loss(eqopt.apply_updates(model, updates))
+
+    learning_rate = 0.01
+    derivative = jax.grad(after_step)(learning_rate)
+    step = 1e-3
+    numeric = (after_step(learning_rate + step) - after_step(learning_rate - step)) / (2 * step)
+    assert np.isfinite(derivative)
+    np.testing.assert_allclose(derivative, numeric, rtol=1e-2)
+
+
+def test_adam_complement_rounding():
+    """The one documented numerical difference from Optax, and when it vanishes.
+
+    eqopt stores `b2` as a float32 leaf, so `1 - b2` is rounded in float32; Optax
+    subtracts in Python floats first. For a decay exactly representable in
+    float32 (0.75) the two agree to the last bit.
+    """
+    b2 = eqopt.scale_by_adam().b2
+    assert float(1 - b2) != float(jnp.float32(1 - 0.999))
+    np.testing.assert_allclose(float(1 - b2), 1 - 0.999, rtol=2e-5)
+    params = {"w": jnp.linspace(-1.0, 1.0, 7)}
+    grads = {"w": jnp.linspace(0.3, -2.0, 7)}
+    tx, reference = eqopt.scale_by_adam(b1=0.5, b2=0.75), optax.scale_by_adam(b1=0.5, b2=0.75)
+    state, reference_state = tx.init(params), reference.init(params)
+    for _ in range(3):
+        updates, state = tx.update(grads, state)
+        reference_updates, reference_state = reference.update(grads, reference_state)
+        np.testing.assert_array_equal(updates["w"], reference_updates["w"])
