@@ -43,6 +43,7 @@ with _jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
         update_moment as update_moment,
         update_moment_per_elem_norm as update_moment_per_elem_norm,
     )
+    from ._train_state import TrainState as TrainState
     from ._transform.adam import (
         ScaleByAdam as ScaleByAdam,
         ScaleByAdamax as ScaleByAdamax,
@@ -98,6 +99,16 @@ with _jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
         freeze as freeze,
         masked as masked,
         selective_transform as selective_transform,
+    )
+    from ._wrappers.inject import (
+        AbstractStatefulSchedule as AbstractStatefulSchedule,
+        InjectHyperparams as InjectHyperparams,
+        InjectHyperparamsState as InjectHyperparamsState,
+        InjectStatefulHyperparams as InjectStatefulHyperparams,
+        InjectStatefulHyperparamsState as InjectStatefulHyperparamsState,
+        ScheduleCountState as ScheduleCountState,
+        inject_hyperparams as inject_hyperparams,
+        inject_stateful_hyperparams as inject_stateful_hyperparams,
     )
 
 try:

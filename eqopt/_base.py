@@ -405,6 +405,17 @@ def leafwise(fn: Callable, updates: Updates, *trees: Any, n_out: int | None = No
         if other_treedef != treedef:
             raise ValueError(structure_mismatch_message(updates, tree, "updates", "state"))
         others.append(other_leaves)
+    for index, (u, *rest) in enumerate(zip(leaves, *others)):
+        if u is None:
+            continue
+        for other in rest:
+            if eqx.is_array(other) and other.shape != u.shape:
+                path = _paths(updates)[index]
+                raise ValueError(
+                    f"`updates` at {path} has shape {tuple(u.shape)} but the state (or "
+                    f"params) there has shape {tuple(other.shape)}: was the state made "
+                    "for other params?"
+                )
     if n_out is None:
         out = [None if u is None else fn(u, *rest) for u, *rest in zip(leaves, *others)]
         return jax.tree.unflatten(treedef, out)

@@ -175,15 +175,15 @@ def chain(*args: Any) -> Chain:
     return Chain(*args)
 
 
-def named_chain(*transforms: tuple[str, Any]) -> Chain:
+def named_chain(*args: tuple[str, Any]) -> Chain:
     """Optax spelling: a [`eqopt.Chain`][] whose parts have the given names.
 
     **Arguments:**
 
-    - `*transforms`: `(name, transform)` pairs.
+    - `*args`: `(name, transform)` pairs.
     """
-    names = tuple(name for name, _ in transforms)
-    return Chain(*(t for _, t in transforms), names=names)
+    names = tuple(name for name, _ in args)
+    return Chain(*(t for _, t in args), names=names)
 
 
 # ---------------------------------------------------------------------------

@@ -158,7 +158,10 @@ class ScaleByAmsgrad(AbstractGradientTransformation):
 
     with $\hat m_t, \hat v_t$ the bias-corrected moments of Adam.
 
-    **Arguments:** as [`eqopt.ScaleByAdam`][] (without `nesterov`).
+    **Arguments:** as [`eqopt.ScaleByAdam`][] (without `nesterov`), and
+
+    - `bias_correction_mu`, `bias_correction_nu`: whether to divide each moment
+      by $1 - \beta^t$ (both `True` by default).
 
     **References:** Reddi, Kale & Kumar, *On the Convergence of Adam and Beyond*,
     ICLR 2018.
@@ -169,6 +172,8 @@ class ScaleByAmsgrad(AbstractGradientTransformation):
     eps: Any = hyperparameter(default=1e-8)
     eps_root: Any = hyperparameter(default=0.0)
     mu_dtype: Any = eqx.field(default=None, static=True)
+    bias_correction_mu: bool = eqx.field(default=True, static=True)
+    bias_correction_nu: bool = eqx.field(default=True, static=True)
     elementwise = True
 
     def __check_init__(self):
@@ -194,8 +199,8 @@ class ScaleByAmsgrad(AbstractGradientTransformation):
             mu_dtype = mu.dtype
             mu = (1 - b1) * g + b1 * mu
             nu = (1 - b2) * _second_moment(g) + b2 * nu
-            mu_hat = _corrected(mu, b1, count)
-            nu_hat = _corrected(nu, b2, count)
+            mu_hat = _corrected(mu, b1, count) if self.bias_correction_mu else mu
+            nu_hat = _corrected(nu, b2, count) if self.bias_correction_nu else nu
             nu_max = jnp.maximum(nu_max, nu_hat)
             update = mu_hat / (jnp.sqrt(nu_max + eps_root) + eps)
             return update, _cast(mu, self.mu_dtype or mu_dtype), nu, nu_max
@@ -212,9 +217,11 @@ def scale_by_amsgrad(
     eps: Any = 1e-8,
     eps_root: Any = 0.0,
     mu_dtype: Any = None,
+    bias_correction_mu: bool = True,
+    bias_correction_nu: bool = True,
 ) -> ScaleByAmsgrad:
     """Optax spelling of [`eqopt.ScaleByAmsgrad`][]."""
-    return ScaleByAmsgrad(b1, b2, eps, eps_root, mu_dtype)
+    return ScaleByAmsgrad(b1, b2, eps, eps_root, mu_dtype, bias_correction_mu, bias_correction_nu)
 
 
 class ScaleByAdamaxState(eqx.Module):

@@ -225,11 +225,13 @@ class ScaleByLearningRate(AbstractGradientTransformation):
 
     **Arguments:**
 
-    - `learning_rate`: $\eta$, a number or a schedule.
+    - `learning_rate`: $\eta$, a number or a schedule. `None` (as in Optax)
+      makes the transform the identity: updates pass through unscaled and
+      unflipped, for optimisers whose step size comes from elsewhere.
     - `flip_sign`: negate, so that adding the updates descends (default `True`).
     """
 
-    learning_rate: ScalarOrSchedule = hyperparameter()
+    learning_rate: ScalarOrSchedule | None = hyperparameter(default=None)
     flip_sign: bool = eqx.field(default=True, static=True)
     elementwise = True
 
@@ -243,6 +245,8 @@ class ScaleByLearningRate(AbstractGradientTransformation):
 
     def update(self, updates: Updates, state: OptState, params: Params | None = None,
                **extra_args: Any) -> tuple[Updates, OptState]:
+        if self.learning_rate is None:
+            return updates, state
         sign = -1 if self.flip_sign else 1
         if callable(self.learning_rate):
             step_size = sign * jnp.asarray(self.learning_rate(state.count))
@@ -252,6 +256,8 @@ class ScaleByLearningRate(AbstractGradientTransformation):
         return leafwise(lambda g: _scale_leaf(g, step_size), updates), state
 
 
-def scale_by_learning_rate(learning_rate: ScalarOrSchedule, *, flip_sign: bool = True) -> ScaleByLearningRate:
+def scale_by_learning_rate(
+    learning_rate: ScalarOrSchedule | None = None, *, flip_sign: bool = True
+) -> ScaleByLearningRate:
     """Optax spelling of [`eqopt.ScaleByLearningRate`][]."""
     return ScaleByLearningRate(learning_rate, flip_sign=flip_sign)

@@ -143,6 +143,13 @@ def hessian_diag(
     if batch_size < 1:
         raise ValueError(f"`batch_size` must be positive, got {batch_size}.")
     dynamic, static = _split(params)
+    return _hessian_diag(loss, dynamic, static, inputs, targets, batch_size)
+
+
+# Compiled once per loss and shapes: `lax.map` outside `jit` would be traced and
+# compiled again on every call.
+@eqx.filter_jit
+def _hessian_diag(loss, dynamic, static, inputs, targets, batch_size):
     flat, unravel = ravel_pytree(dynamic)
     size = flat.shape[0]
     grad_fn = jax.grad(_loss_of_trainable(loss, static, inputs, targets))

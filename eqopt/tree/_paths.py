@@ -60,8 +60,15 @@ def first_difference(x: Any, y: Any, path: KeyPath = ()) -> tuple[KeyPath, str, 
     x_level, y_level = children(x), children(y)
     if x_level is None and y_level is None:
         return None
-    if x_level is None or y_level is None or x_level[1] != y_level[1]:
+    if x_level is None or y_level is None or type(x) is not type(y):
         return path, describe(x), describe(y)
+    if x_level[1] != y_level[1]:
+        x_keys = [jax.tree_util.keystr((k,)) for k, _ in x_level[0]]
+        y_keys = [jax.tree_util.keystr((k,)) for k, _ in y_level[0]]
+        if x_keys != y_keys:
+            return path, f"{describe(x)} with children {x_keys}", f"{describe(y)} with children {y_keys}"
+        note = " (its static fields or pytree metadata differ)"
+        return path, describe(x) + note, describe(y)
     for (key, x_child), (_, y_child) in zip(x_level[0], y_level[0]):
         found = first_difference(x_child, y_child, (*path, key))
         if found is not None:

@@ -1,0 +1,467 @@
+"""Compile time and step time of eqopt against Optax, interleaved in one process.
+
+For each optimiser case (`adam`, `adamw`, clipped `adamw` on a warmup-cosine
+schedule with weight decay masked to matrices) and each parameter tree (a ~1M
+parameter `eqx.nn.MLP`, a ~25M parameter transformer-shaped dict, and a dict of
+2000 small leaves), this measures
+
+- compile time: `jax.jit(step).lower(...)` (tracing, where eqopt's trace-time
+  checks run) plus `.compile()` (XLA), each repetition on a fresh closure
+  after `jax.clear_caches()`;
+- step time: one call of a jitted `update` + `apply_updates` on fixed
+  gradients, with the params and state donated, timed with
+  `block_until_ready`.
+
+eqopt and Optax repetitions alternate (A B, B A, ...) in one process, and the
+table reports medians and ratios eqopt / Optax (< 1 means eqopt is faster).
+
+Both libraries are jitted the same way, with `jax.jit` on trees of arrays:
+Optax gets `eqx.filter(model, eqx.is_array)`, and eqopt gets the same arrays,
+recombined inside the jitted function with the model's non-array leaves (so
+`opt.update` sees the whole Equinox model, as in DESIGN §1) and with the
+optimiser's array leaves (its hyperparameters) passed as arguments, as
+`eqx.filter_jit` would pass them.
+
+    python benchmarks/step_bench.py            # default sizes, a few minutes on 2 cores
+    python benchmarks/step_bench.py --quick    # smoke run, under a minute
+    JAXTYPING_DISABLE=1 python benchmarks/step_bench.py   # eqopt without beartype checks
+"""
+
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+
+import jax
+
+# Compile timings must not come from a cache on disk.
+jax.config.update("jax_enable_compilation_cache", False)
+
+import equinox as eqx  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+import eqopt  # noqa: E402
+
+LIBRARIES = ("eqopt", "optax")
+CASES = ("adam", "adamw", "clip+adamw+cos")
+TREES = ("mlp", "transformer", "small")
+
+LEARNING_RATE = 1e-3
+WEIGHT_DECAY = 1e-4
+
+
+# ---------------------------------------------------------------------------
+# Parameter trees
+# ---------------------------------------------------------------------------
+
+
+def make_mlp(args, key):
+    """An `eqx.nn.MLP`: array leaves plus activation functions and sizes."""
+    return eqx.nn.MLP(
+        args.mlp_in, 10, width_size=args.mlp_width, depth=args.mlp_depth, key=key
+    )
+
+
+def make_transformer(args, key):
+    """A dict shaped like a decoder-only transformer's parameters."""
+    d, f, vocab = args.tf_width, 4 * args.tf_width, args.tf_vocab
+    keys = iter(jax.random.split(key, 8 * args.tf_blocks + 2))
+
+    def dense(n_in, n_out):
+        w = jax.random.normal(next(keys), (n_in, n_out), jnp.float32) / math.sqrt(n_in)
+        return {"w": w, "b": jnp.zeros((n_out,), jnp.float32)}
+
+    def layer_norm():
+        return {"scale": jnp.ones((d,), jnp.float32), "bias": jnp.zeros((d,), jnp.float32)}
+
+    blocks = [
+        {
+            "ln1": layer_norm(),
+            "qkv": dense(d, 3 * d),
+            "out": dense(d, d),
+            "ln2": layer_norm(),
+            "mlp_in": dense(d, f),
+            "mlp_out": dense(f, d),
+        }
+        for _ in range(args.tf_blocks)
+    ]
+    return {
+        "embed": jax.random.normal(next(keys), (vocab, d), jnp.float32) * 0.02,
+        "pos_embed": jax.random.normal(next(keys), (args.tf_context, d), jnp.float32) * 0.02,
+        "blocks": blocks,
+        "ln_f": layer_norm(),
+    }
+
+
+SMALL_SHAPES = ((8, 8), (16,), (4, 16), (32,), (2, 4, 8))
+
+
+def make_small(args, key):
+    """A dict of many small leaves of mixed shapes (matrices and vectors)."""
+    keys = jax.random.split(key, args.small_leaves)
+    width = len(str(args.small_leaves - 1))
+    return {
+        f"p{i:0{width}d}": jax.random.normal(k, SMALL_SHAPES[i % len(SMALL_SHAPES)], jnp.float32)
+        for i, k in enumerate(keys)
+    }
+
+
+TREE_MAKERS = {"mlp": make_mlp, "transformer": make_transformer, "small": make_small}
+
+
+# ---------------------------------------------------------------------------
+# Optimisers
+# ---------------------------------------------------------------------------
+
+
+def is_matrix(x):
+    return x.ndim > 1
+
+
+def make_optax(case, total_steps):
+    if case == "adam":
+        return optax.adam(LEARNING_RATE)
+    if case == "adamw":
+        return optax.adamw(LEARNING_RATE, weight_decay=WEIGHT_DECAY)
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, LEARNING_RATE, total_steps // 10, total_steps, end_value=LEARNING_RATE / 100
+    )
+    return optax.chain(
+        optax.clip_by_global_norm(1.0),
+        optax.adamw(
+            schedule,
+            weight_decay=WEIGHT_DECAY,
+            # An Optax callable mask is a function of the whole params.
+            mask=lambda params: jax.tree.map(is_matrix, params),
+        ),
+    )
+
+
+def make_eqopt(case, total_steps):
+    # TEMPORARY: building blocks until eqopt.adam / eqopt.adamw land.
+    import eqopt.schedules
+    if case == "adam":
+        return eqopt.chain(eqopt.scale_by_adam(), eqopt.scale_by_learning_rate(LEARNING_RATE))
+    if case == "adamw":
+        return eqopt.chain(eqopt.scale_by_adam(), eqopt.add_decayed_weights(WEIGHT_DECAY),
+                           eqopt.scale_by_learning_rate(LEARNING_RATE))
+    schedule = eqopt.schedules.warmup_cosine_decay_schedule(
+        0.0, LEARNING_RATE, total_steps // 10, total_steps, end_value=LEARNING_RATE / 100
+    )
+    return eqopt.chain(
+        eqopt.clip_by_global_norm(1.0),
+        eqopt.chain(eqopt.scale_by_adam(), eqopt.add_decayed_weights(WEIGHT_DECAY, mask=is_matrix),
+                    eqopt.scale_by_learning_rate(schedule)),
+    )
+
+
+# ---------------------------------------------------------------------------
+# Jitted steps
+# ---------------------------------------------------------------------------
+
+
+class Runner:
+    """Everything one library needs for one (case, tree): a step factory and its arguments."""
+
+    def __init__(self, library, case, model, grads, total_steps):
+        self.library = library
+        params = eqx.filter(model, eqx.is_array)
+        if library == "optax":
+            tx = make_optax(case, total_steps)
+            self.state = tx.init(params)
+
+            def factory():
+                def step(params, state, grads):
+                    updates, state = tx.update(grads, state, params)
+                    return optax.apply_updates(params, updates), state
+
+                return jax.jit(step, donate_argnums=(0, 1))
+
+            self.prefix = ()
+        else:
+            opt = make_eqopt(case, total_steps)
+            self.state = opt.init(model)  # the whole model
+            opt_arrays, opt_static = eqx.partition(opt, eqx.is_array)
+            _, model_static = eqx.partition(model, eqx.is_array)
+
+            def factory():
+                def step(opt_arrays, params, state, grads):
+                    opt = eqx.combine(opt_arrays, opt_static)
+                    model = eqx.combine(params, model_static)
+                    updates, state = opt.update(grads, state, model)
+                    model = eqopt.apply_updates(model, updates)
+                    return eqx.filter(model, eqx.is_array), state
+
+                return jax.jit(step, donate_argnums=(1, 2))
+
+            self.prefix = (opt_arrays,)
+        self.factory = factory
+        self.params = jax.tree.map(jnp.copy, params)  # its own buffers: they are donated
+        self.grads = grads
+        self.step = factory()
+
+    def args(self):
+        return (*self.prefix, self.params, self.state, self.grads)
+
+    def time_compile(self):
+        """(trace + lower seconds, XLA compile seconds) for a fresh closure, caches cleared."""
+        jax.clear_caches()
+        gc.collect()
+        jitted = self.factory()
+        args = self.args()
+        start = time.perf_counter()
+        lowered = jitted.lower(*args)
+        middle = time.perf_counter()
+        lowered.compile()
+        end = time.perf_counter()
+        return middle - start, end - middle
+
+    def run(self, n):
+        """Seconds per step over `n` steps, blocking on the result."""
+        step = self.step
+        prefix, grads = self.prefix, self.grads
+        params, state = self.params, self.state
+        start = time.perf_counter()
+        for _ in range(n):
+            params, state = step(*prefix, params, state, grads)
+        jax.block_until_ready((params, state))
+        elapsed = time.perf_counter() - start
+        self.params, self.state = params, state
+        return elapsed / n
+
+
+def max_relative_difference(a, b):
+    worst = 0.0
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+        worst = max(worst, float(np.max(np.abs(x - y)) / (np.max(np.abs(y)) + 1e-30)))
+    return worst
+
+
+# ---------------------------------------------------------------------------
+# Measurement
+# ---------------------------------------------------------------------------
+
+
+def orders(rep):
+    return LIBRARIES if rep % 2 == 0 else LIBRARIES[::-1]
+
+
+def bench_one(case, tree_name, args, log):
+    key = jax.random.key(args.seed)
+    model = TREE_MAKERS[tree_name](args, key)
+    params = eqx.filter(model, eqx.is_array)
+    leaves = jax.tree.leaves(params)
+    n_params = sum(x.size for x in leaves)
+    rng = np.random.default_rng(args.seed)
+    # Fixed gradients, None at non-array leaves as eqx.filter_grad gives them.
+    grads = jax.tree.map(
+        lambda p: jnp.asarray(rng.normal(size=p.shape) * 1e-2, p.dtype), params
+    )
+    total_steps = 10_000
+    runners = {lib: Runner(lib, case, model, grads, total_steps) for lib in LIBRARIES}
+
+    # Same computation? One step from identical params.
+    for runner in runners.values():
+        runner.run(1)
+    difference = max_relative_difference(runners["eqopt"].params, runners["optax"].params)
+    if difference > 1e-4:
+        log(f"  WARNING: eqopt and Optax params differ after one step (max rel diff {difference:.2e})")
+
+    # Compile time.
+    trace = {lib: [] for lib in LIBRARIES}
+    compile_ = {lib: [] for lib in LIBRARIES}
+    compile_reps = args.compile_reps if tree_name != "small" else args.small_compile_reps
+    for rep in range(compile_reps):
+        for lib in orders(rep):
+            t_trace, t_compile = runners[lib].time_compile()
+            trace[lib].append(t_trace)
+            compile_[lib].append(t_compile)
+
+    # Step time: recompile once (caches were cleared), warm up, calibrate.
+    for runner in runners.values():
+        runner.step = runner.factory()
+        runner.run(args.warmup)
+    one = statistics.median(runners["optax"].run(1) for _ in range(3))
+    inner = max(1, math.ceil(args.rep_seconds / max(one, 1e-9)))
+    steps = {lib: [] for lib in LIBRARIES}
+    for rep in range(args.step_reps):
+        for lib in orders(rep):
+            gc.collect()
+            steps[lib].append(runners[lib].run(inner))
+
+    def med(xs):
+        return statistics.median(xs)
+
+    result = {
+        "case": case,
+        "tree": tree_name,
+        "leaves": len(leaves),
+        "params": int(n_params),
+        "one_step_max_rel_diff": difference,
+        "inner_steps": inner,
+    }
+    for lib in LIBRARIES:
+        totals = [a + b for a, b in zip(trace[lib], compile_[lib])]
+        result[lib] = {
+            "trace_ms": 1e3 * med(trace[lib]),
+            "xla_ms": 1e3 * med(compile_[lib]),
+            "compile_ms": 1e3 * med(totals),
+            "step_ms": 1e3 * med(steps[lib]),
+            "raw": {
+                "trace_s": trace[lib],
+                "xla_s": compile_[lib],
+                "step_s": steps[lib],
+            },
+        }
+    # Ratio of medians, and the median of the per-repetition (paired) ratios.
+    result["compile_ratio"] = result["eqopt"]["compile_ms"] / result["optax"]["compile_ms"]
+    result["trace_ratio"] = result["eqopt"]["trace_ms"] / result["optax"]["trace_ms"]
+    result["xla_ratio"] = result["eqopt"]["xla_ms"] / result["optax"]["xla_ms"]
+    result["step_ratio"] = result["eqopt"]["step_ms"] / result["optax"]["step_ms"]
+    result["step_ratio_paired"] = med(
+        [a / b for a, b in zip(steps["eqopt"], steps["optax"])]
+    )
+    del runners, model, params, grads
+    jax.clear_caches()
+    gc.collect()
+    return result
+
+
+# ---------------------------------------------------------------------------
+# Output
+# ---------------------------------------------------------------------------
+
+
+def fmt_ms(x):
+    if x >= 100:
+        return f"{x:.0f}"
+    if x >= 10:
+        return f"{x:.1f}"
+    if x >= 1:
+        return f"{x:.2f}"
+    return f"{x:.3f}"
+
+
+def fmt_count(n):
+    if n >= 1e6:
+        return f"{n / 1e6:.1f}M"
+    if n >= 1e3:
+        return f"{n / 1e3:.0f}k"
+    return str(n)
+
+
+def table(results):
+    header = (
+        "case", "tree", "leaves", "params",
+        "compile ratio", "trace ratio", "step ratio",
+        "compile ms eqopt/optax", "trace ms eqopt/optax", "step ms eqopt/optax",
+    )
+    rows = []
+    for r in results:
+        e, o = r["eqopt"], r["optax"]
+        rows.append((
+            r["case"], r["tree"], str(r["leaves"]), fmt_count(r["params"]),
+            f"{r['compile_ratio']:.2f}", f"{r['trace_ratio']:.2f}", f"{r['step_ratio']:.2f}",
+            f"{fmt_ms(e['compile_ms'])} / {fmt_ms(o['compile_ms'])}",
+            f"{fmt_ms(e['trace_ms'])} / {fmt_ms(o['trace_ms'])}",
+            f"{fmt_ms(e['step_ms'])} / {fmt_ms(o['step_ms'])}",
+        ))
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    numeric = set(range(2, len(header)))
+
+    def line(cells):
+        return "| " + " | ".join(
+            c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        ) + " |"
+
+    out = [line(header)]
+    out.append("|" + "|".join(
+        "-" * (w + 1) + ":" if i in numeric else "-" * (w + 2) for i, w in enumerate(widths)
+    ) + "|")
+    out.extend(line(row) for row in rows)
+    return "\n".join(out)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description="eqopt / Optax compile-time and step-time ratios.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--quick", action="store_true",
+                        help="small trees and few repetitions: a sub-minute smoke run")
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ", ".join(CASES))
+    parser.add_argument("--trees", default=",".join(TREES), help="comma-separated subset of " + ", ".join(TREES))
+    parser.add_argument("--compile-reps", type=int, default=5, help="compile repetitions per library")
+    parser.add_argument("--small-compile-reps", type=int, default=3,
+                        help="compile repetitions per library for the many-leaf tree")
+    parser.add_argument("--step-reps", type=int, default=15, help="step-time repetitions per library")
+    parser.add_argument("--rep-seconds", type=float, default=0.1,
+                        help="target length of one step-time repetition (sets the steps per repetition)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
+    parser.add_argument("--mlp-in", type=int, default=1024)
+    parser.add_argument("--mlp-width", type=int, default=512)
+    parser.add_argument("--mlp-depth", type=int, default=3)
+    parser.add_argument("--tf-width", type=int, default=512, help="model width d (MLP width is 4d)")
+    parser.add_argument("--tf-blocks", type=int, default=6)
+    parser.add_argument("--tf-vocab", type=int, default=12_000)
+    parser.add_argument("--tf-context", type=int, default=512)
+    parser.add_argument("--small-leaves", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="also write every measurement to this file")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.mlp_in, args.mlp_width, args.mlp_depth = 256, 256, 2
+        args.tf_width, args.tf_blocks, args.tf_vocab, args.tf_context = 128, 2, 1000, 64
+        args.small_leaves = 200
+        args.compile_reps, args.small_compile_reps, args.step_reps = 2, 2, 5
+        args.rep_seconds, args.warmup = 0.02, 2
+    args.cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    args.trees = [t.strip() for t in args.trees.split(",") if t.strip()]
+    for c in args.cases:
+        if c not in CASES:
+            parser.error(f"unknown case {c!r}; choose from {CASES}")
+    for t in args.trees:
+        if t not in TREES:
+            parser.error(f"unknown tree {t!r}; choose from {TREES}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+
+    def log(message):
+        print(message, file=sys.stderr, flush=True)
+
+    typecheck = "off (JAXTYPING_DISABLE)" if os.environ.get("JAXTYPING_DISABLE", "") not in ("", "0", "false", "False") else "on"
+    print(
+        f"eqopt {eqopt.__version__}, optax {optax.__version__}, jax {jax.__version__}, "
+        f"equinox {eqx.__version__}, python {platform.python_version()}; "
+        f"{jax.devices()[0].platform} with {os.cpu_count()} cores; eqopt type checks {typecheck}"
+    )
+    results = []
+    start = time.perf_counter()
+    for tree_name in args.trees:
+        for case in args.cases:
+            log(f"[{time.perf_counter() - start:6.1f}s] {case} on {tree_name}...")
+            results.append(bench_one(case, tree_name, args, log))
+    print(table(results))
+    print(
+        "ratio = eqopt / Optax of the medians (< 1: eqopt faster). compile = trace (jax.jit(...).lower,"
+        " where eqopt's checks run) + XLA compile; step = update + apply_updates, donated."
+    )
+    print(f"total {time.perf_counter() - start:.0f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

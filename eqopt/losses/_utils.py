@@ -1,0 +1,143 @@
+"""Private helpers shared by the losses: axes, masks and safe logarithms."""
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Bool, Float, Shaped
+
+
+def normalize_axes(
+    axis: int | Sequence[int] | None, ndim: int, name: str = "axis"
+) -> tuple[int, ...]:
+    """`axis` as a tuple of distinct non-negative ints; `None` means every axis."""
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    normalized = []
+    for a in axes:
+        if not isinstance(a, int) or isinstance(a, bool):
+            raise TypeError(
+                f"`{name}` must be an int or a tuple of ints, got {axis!r}."
+            )
+        if not -ndim <= a < ndim:
+            raise ValueError(
+                f"`{name}`={axis!r} is out of range for an array with {ndim} "
+                "dimensions."
+            )
+        normalized.append(a % ndim)
+    if len(set(normalized)) != len(normalized):
+        raise ValueError(f"`{name}`={axis!r} repeats an axis.")
+    return tuple(normalized)
+
+
+def reduced_shape(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[int, ...]:
+    """`shape` with the dimensions in `axes` removed."""
+    return tuple(size for i, size in enumerate(shape) if i not in axes)
+
+
+def expand_where(
+    where: Bool[ArrayLike, "..."] | None,
+    shape: tuple[int, ...],
+    axes: tuple[int, ...],
+    *,
+    allow_batch_shape: bool,
+) -> Bool[Array, "..."] | None:
+    """Checks a `where` mask and broadcasts it to `shape`.
+
+    The mask has the shape of the input, or (if `allow_batch_shape`) the shape of
+    the output, in which case it selects whole slices along `axes`.
+    """
+    if where is None:
+        return None
+    where = jnp.asarray(where)
+    if where.shape == shape:
+        return where
+    batch_shape = reduced_shape(shape, axes)
+    if allow_batch_shape and where.shape == batch_shape:
+        return jnp.broadcast_to(jnp.expand_dims(where, axes), shape)
+    expected = f"{shape}" + (f" or {batch_shape}" if allow_batch_shape else "")
+    raise ValueError(f"`where` must have shape {expected}, got {where.shape}.")
+
+
+def masked_log_softmax(
+    logits: Float[Array, "..."],
+    axes: tuple[int, ...],
+    where: Bool[Array, "..."] | None,
+) -> Float[Array, "..."]:
+    """`log_softmax` over `axes`, normalised over the entries selected by `where`.
+
+    Unselected entries are excluded from the normaliser (their value, even NaN,
+    never reaches the result or the gradient). A slice with nothing selected is
+    normalised over all its entries instead, so that it stays finite; callers
+    zero its contribution.
+    """
+    if where is None:
+        return jax.nn.log_softmax(logits, axis=axes)
+    anything = jnp.any(where, axis=axes, keepdims=True)
+    computed = where | ~anything
+    return jax.nn.log_softmax(jnp.where(computed, logits, -jnp.inf), axis=axes)
+
+
+def cross_entropy_terms(
+    logits: Float[Array, "..."],
+    labels: Float[Array, "..."],
+    axes: tuple[int, ...],
+    where: Bool[Array, "..."] | None,
+) -> tuple[Float[Array, "..."], Float[Array, "..."]]:
+    """$-\\sum y \\log \\mathrm{softmax}(x)$ over `axes` and `where`, and the log-probabilities.
+
+    Classes left out by `where` contribute nothing, with a zero gradient; a slice
+    with nothing selected has loss 0.
+    """
+    log_probs = masked_log_softmax(logits, axes, where)
+    if where is None:
+        terms = weighted_log(labels, log_probs)
+    else:
+        safe_log_probs = jnp.where(where, log_probs, 0)
+        terms = jnp.where(where, weighted_log(labels, safe_log_probs), 0)
+    return -jnp.sum(terms, axis=axes), log_probs
+
+
+def weighted_log(
+    weight: Float[Array, "*shape"], log_value: Float[Array, "*shape"]
+) -> Float[Array, "*shape"]:
+    r"""$w \log v$ with the convention $0 \cdot \log 0 = 0$.
+
+    Where the weight is zero and the log is $-\infty$ (a probability of exactly
+    zero, such as a masked logit), the product is zero and its gradient finite.
+    """
+    vanishes = (weight == 0) & jnp.isneginf(log_value)
+    return jnp.where(vanishes, 0, weight * jnp.where(vanishes, 0, log_value))
+
+
+def safe_log(x: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
+    """`log(x)` for `x >= 0`, with $\\log 0 = -\\infty$ and a finite gradient at 0."""
+    positive = x > 0
+    return jnp.where(positive, jnp.log(jnp.where(positive, x, 1)), -jnp.inf)
+
+
+def safe_logaddexp(
+    a: Float[Array, "*shape"], b: Float[Array, "*shape"]
+) -> Float[Array, "*shape"]:
+    """`logaddexp` whose gradient stays finite where both arguments are $-\\infty$."""
+    both = jnp.isneginf(a) & jnp.isneginf(b)
+    result = jnp.logaddexp(jnp.where(both, 0, a), jnp.where(both, 0, b))
+    return jnp.where(both, -jnp.inf, result)
+
+
+def safe_norm(
+    x: Float[Array, "..."], axes: tuple[int, ...], keepdims: bool = False
+) -> Float[Array, "..."]:
+    """The Euclidean norm over `axes`, with a zero (not NaN) gradient at zero."""
+    squared = jnp.sum(jnp.square(x), axis=axes, keepdims=keepdims)
+    positive = squared > 0
+    return jnp.where(positive, jnp.sqrt(jnp.where(positive, squared, 1)), 0)
+
+
+def as_float(
+    x: Shaped[ArrayLike, "..."], like: Float[Array, "..."]
+) -> Float[Array, "..."]:
+    """`x` as a floating array: integer and boolean arrays take the dtype of `like`."""
+    x = jnp.asarray(x)
+    return x if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(like.dtype)

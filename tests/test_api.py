@@ -1,0 +1,164 @@
+"""The public API's contract: Optax spellings, abstract-or-final classes, docstrings."""
+
+import abc
+import importlib
+import inspect
+import pkgutil
+
+import equinox as eqx
+import optax
+import pytest
+
+import eqopt
+
+NAMESPACES = [
+    "losses", "schedules", "tree", "projections", "second_order", "monte_carlo",
+    "perturbations", "assignment", "contrib",
+]
+
+
+def _modules():
+    modules = [("", eqopt)]
+    for name in NAMESPACES:
+        try:
+            modules.append((name, importlib.import_module(f"eqopt.{name}")))
+        except ModuleNotFoundError:
+            pass
+    return modules
+
+
+def _public(module):
+    return {
+        name: getattr(module, name)
+        for name in dir(module)
+        if not name.startswith("_") and not inspect.ismodule(getattr(module, name))
+    }
+
+
+def _optax_counterpart(namespace, name):
+    module = optax if not namespace else getattr(optax, namespace, None)
+    return getattr(module, name, None) if module is not None else None
+
+
+def _shared_functions():
+    for namespace, module in _modules():
+        for name, obj in _public(module).items():
+            if not name[0].islower() or not callable(obj):
+                continue
+            reference = _optax_counterpart(namespace, name)
+            if reference is None or not callable(reference) or inspect.isclass(reference):
+                continue
+            yield pytest.param(obj, reference, id=f"{namespace or 'eqopt'}.{name}")
+
+
+@pytest.mark.parametrize("ours,reference", list(_shared_functions()))
+def test_signature_matches_optax(ours, reference):
+    """Every Optax parameter exists with the same name, default and kind.
+
+    eqopt may add keyword-only parameters of its own (with defaults).
+    """
+    try:
+        theirs = inspect.signature(reference).parameters
+    except (TypeError, ValueError):
+        pytest.skip("Optax's object has no signature")
+    mine = inspect.signature(ours).parameters
+    for name, parameter in theirs.items():
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            continue
+        assert name in mine, f"missing parameter {name!r}"
+        assert mine[name].kind == parameter.kind or parameter.kind in (
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        ) and mine[name].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, name
+        if parameter.default is not inspect.Parameter.empty:
+            assert _same_default(mine[name].default, parameter.default), (
+                f"default of {name!r}: {mine[name].default!r} != {parameter.default!r}"
+            )
+    for name, parameter in mine.items():
+        if name not in theirs:
+            assert parameter.kind in (
+                inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD,
+            ) or parameter.default is not inspect.Parameter.empty, f"extra required {name!r}"
+
+
+def _same_default(ours, theirs) -> bool:
+    if ours is theirs:
+        return True
+    simple = (type(None), bool, int, float, complex, str, tuple)
+    if isinstance(theirs, simple) or isinstance(ours, simple):
+        return type(ours) is type(theirs) and ours == theirs or (
+            isinstance(ours, (int, float)) and isinstance(theirs, (int, float))
+            and not isinstance(ours, bool) and ours == theirs
+        )
+    # Objects (a default noise distribution, a sentinel): the same kind of object.
+    return type(ours).__name__ == type(theirs).__name__
+
+
+def _public_classes():
+    seen = {}
+    for _, module in _modules():
+        for obj in _public(module).values():
+            if inspect.isclass(obj) and obj.__module__.startswith("eqopt"):
+                seen[id(obj)] = obj
+    return list(seen.values())
+
+
+def _all_eqopt_classes():
+    classes = {}
+    for info in pkgutil.walk_packages(eqopt.__path__, "eqopt."):
+        module = importlib.import_module(info.name)
+        for obj in vars(module).values():
+            if inspect.isclass(obj) and obj.__module__.startswith("eqopt"):
+                classes[id(obj)] = obj
+    return list(classes.values())
+
+
+def test_classes_are_abstract_or_final():
+    classes = _all_eqopt_classes()
+    for cls in classes:
+        if not issubclass(cls, eqx.Module):
+            continue
+        subclasses = [c for c in classes if c is not cls and issubclass(c, cls)]
+        if cls.__name__.startswith("Abstract") or cls.__name__.startswith("_"):
+            if cls.__name__.startswith("Abstract"):
+                assert getattr(cls, "__abstractmethods__", None) or any(
+                    isinstance(v, type) for v in ()
+                ) or _has_abstract_vars(cls), f"{cls.__name__} is named Abstract but has nothing abstract"
+            continue
+        assert not subclasses, f"{cls.__name__} is concrete but subclassed by {subclasses}"
+
+
+def _has_abstract_vars(cls):
+    return any(
+        "AbstractVar" in str(annotation) or "AbstractClassVar" in str(annotation)
+        for annotation in getattr(cls, "__annotations__", {}).values()
+    )
+
+
+def test_every_public_symbol_is_documented():
+    undocumented = []
+    for namespace, module in _modules():
+        for name, obj in _public(module).items():
+            if not (callable(obj) or inspect.isclass(obj)):
+                continue
+            if getattr(obj, "__module__", "").startswith(("typing", "jaxtyping")):
+                continue
+            doc = inspect.getdoc(obj)
+            if not doc or doc == inspect.getdoc(eqx.Module):
+                undocumented.append(f"{namespace or 'eqopt'}.{name}")
+    assert not undocumented, f"undocumented: {undocumented}"
+
+
+def test_eqopt_never_imports_optax():
+    for info in pkgutil.walk_packages(eqopt.__path__, "eqopt."):
+        spec = importlib.util.find_spec(info.name)
+        with open(spec.origin) as f:
+            source = f.read()
+        assert "import optax" not in source and "from optax" not in source, info.name
+
+
+def test_protocol_is_abstract():
+    assert abc.ABC in eqopt.AbstractGradientTransformation.__mro__ or inspect.isabstract(
+        eqopt.AbstractGradientTransformation
+    )
+    with pytest.raises(TypeError):
+        eqopt.AbstractGradientTransformation()

@@ -1,0 +1,1088 @@
+"""Tests for `eqopt.losses`, driven by a registry of cases.
+
+Optax is the numerical oracle: every case calls the same-named function from
+`optax.losses` and `eqopt.losses` on the same fixed random inputs, and the
+generic tests compare the values and the gradients of the summed loss with
+respect to the floating inputs. Further tests cover the edges (probabilities of
+exactly 0 or 1, `-inf` logits, all-padding labels, empty `where` masks), bad
+inputs, the documented differences from Optax, and the docstrings.
+"""
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import jaxtyping
+import numpy as np
+import optax
+import pytest
+from helpers import assert_tree_allclose
+
+import eqopt.losses as losses
+
+PUBLIC_NAMES = (
+    "l2_loss",
+    "squared_error",
+    "huber_loss",
+    "log_cosh",
+    "cosine_similarity",
+    "cosine_distance",
+    "softmax_cross_entropy",
+    "softmax_cross_entropy_with_integer_labels",
+    "safe_softmax_cross_entropy",
+    "sigmoid_binary_cross_entropy",
+    "sigmoid_focal_loss",
+    "poly_loss_cross_entropy",
+    "smooth_labels",
+    "hinge_loss",
+    "multiclass_hinge_loss",
+    "perceptron_loss",
+    "multiclass_perceptron_loss",
+    "sparsemax_loss",
+    "multiclass_sparsemax_loss",
+    "make_fenchel_young_loss",
+    "kl_divergence",
+    "kl_divergence_with_log_targets",
+    "convex_kl_divergence",
+    "generalized_kl_divergence",
+    "ctc_loss",
+    "ctc_loss_with_forward_probs",
+    "ntxent",
+    "triplet_margin_loss",
+    "ranking_softmax_loss",
+    "dice_loss",
+    "binary_dice_loss",
+    "multiclass_generalized_dice_loss",
+)
+
+# ---------------------------------------------------------------------------
+# Input builders. Each takes a key and returns the positional arguments.
+
+
+def _normal(key, shape, scale=1.0):
+    return scale * jax.random.normal(key, shape)
+
+
+def _regression(shape=(3, 4), scale=1.0):
+    def make(key):
+        k1, k2 = jax.random.split(key)
+        return _normal(k1, shape, scale), _normal(k2, shape, scale)
+
+    return make
+
+
+def _logits_and_distribution(shape=(3, 5), axis=-1):
+    def make(key):
+        k1, k2 = jax.random.split(key)
+        return _normal(k1, shape, 2.0), jax.nn.softmax(_normal(k2, shape), axis=axis)
+
+    return make
+
+
+def _logits_and_indices(logits_shape, labels_shape, num_classes):
+    def make(key):
+        k1, k2 = jax.random.split(key)
+        labels = jax.random.randint(k2, labels_shape, 0, num_classes)
+        return _normal(k1, logits_shape, 2.0), labels
+
+    return make
+
+
+def _logits_and_binary(shape=(3, 4), soft=True, integer=False, signed=False):
+    def make(key):
+        k1, k2 = jax.random.split(key)
+        labels = jax.random.uniform(k2, shape)
+        if not soft:
+            labels = jnp.round(labels)
+            if signed:
+                labels = 2 * labels - 1
+            if integer:
+                labels = labels.astype(jnp.int32)
+        return _normal(k1, shape, 2.0), labels
+
+    return make
+
+
+def _log_predictions_and_targets(shape=(3, 5), normalised=True):
+    def make(key):
+        k1, k2 = jax.random.split(key)
+        if normalised:
+            return jax.nn.log_softmax(_normal(k1, shape)), jax.nn.softmax(_normal(k2, shape))
+        return _normal(k1, shape, 0.5), jnp.exp(_normal(k2, shape, 0.5))
+
+    return make
+
+
+def _log_predictions_and_log_targets(key):
+    k1, k2 = jax.random.split(key)
+    return jax.nn.log_softmax(_normal(k1, (3, 5))), jax.nn.log_softmax(_normal(k2, (3, 5)))
+
+
+def _smooth_inputs(key):
+    labels = jax.nn.one_hot(jax.random.randint(key, (3,), 0, 4), 4)
+    return labels, 0.1
+
+
+def _ctc_inputs(key):
+    batch, time, classes, num_labels = 3, 6, 4, 3
+    k1, k2 = jax.random.split(key)
+    logits = _normal(k1, (batch, time, classes))
+    labels = jax.random.randint(k2, (batch, num_labels), 1, classes)
+    labels = labels.at[1, 1].set(labels[1, 0])  # a repeated label
+    logit_paddings = jnp.array([[0.0] * 6, [0.0] * 5 + [1.0], [0.0] * 4 + [1.0] * 2])
+    label_paddings = jnp.array([[0.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 1.0, 1.0]])
+    return logits, logit_paddings, labels, label_paddings
+
+
+def _ntxent_inputs(key):
+    return _normal(key, (7, 3)), jnp.array([0, 0, 0, 1, 1, 2, 3])
+
+
+def _triplet_inputs(shape=(4, 3)):
+    def make(key):
+        k1, k2, k3 = jax.random.split(key, 3)
+        anchors = _normal(k1, shape)
+        return anchors, anchors + _normal(k2, shape, 0.5), _normal(k3, shape)
+
+    return make
+
+
+def _ranking_inputs(key):
+    k1, k2 = jax.random.split(key)
+    labels = jax.random.randint(k2, (3, 5), 0, 3).astype(jnp.float32)
+    return _normal(k1, (3, 5)), labels
+
+
+def _segmentation_inputs(shape=(2, 3, 3, 3), probabilities=False):
+    def make(key):
+        k1, k2 = jax.random.split(key)
+        predictions = _normal(k1, shape)
+        if probabilities:
+            predictions = jax.nn.softmax(predictions, axis=-1)
+        classes = jax.random.randint(k2, shape[:-1], 0, shape[-1])
+        return predictions, jax.nn.one_hot(classes, shape[-1])
+
+    return make
+
+
+def _binary_segmentation_inputs(shape):
+    def make(key):
+        k1, k2 = jax.random.split(key)
+        return _normal(k1, shape), jnp.round(jax.random.uniform(k2, shape))
+
+    return make
+
+
+# ---------------------------------------------------------------------------
+# The registry.
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    #: Test id.
+    id: str
+    #: The function's name in both `optax.losses` and `eqopt.losses`.
+    name: str
+    #: key -> positional arguments.
+    inputs: Callable[[Any], tuple]
+    #: Keyword arguments for both calls; a callable gets the positional arguments.
+    kwargs: dict | Callable[[tuple], dict] = dataclasses.field(default_factory=dict)
+    #: Positions of the arguments to differentiate; `None`: every floating one.
+    grad_argnums: tuple[int, ...] | None = None
+    #: Turns the namespace's function into the loss to call (for factories).
+    build: Callable[[Callable], Callable] | None = None
+    rtol: float = 1e-5
+    atol: float = 1e-6
+    grad_rtol: float = 1e-4
+    grad_atol: float = 1e-5
+
+
+def _with_where(make_where):
+    return lambda args: {"where": make_where(args)}
+
+
+def _full_where(args):
+    """A mask of the first argument's shape selecting about 2/3 of the entries,
+    at least one per row."""
+    shape = jnp.shape(args[0])
+    mask = jax.random.uniform(jax.random.key(99), shape) < 0.66
+    return mask.at[..., 0].set(True)
+
+
+def _row_where(args):
+    shape = jnp.shape(args[0])[:-1]
+    return jnp.arange(int(np.prod(shape))).reshape(shape) % 2 == 0
+
+
+def _fenchel_young(factory):
+    return factory(jax.nn.logsumexp)
+
+
+CASES = [
+    # Regression.
+    Case("l2_loss", "l2_loss", _regression()),
+    Case("l2_loss-no-targets", "l2_loss", lambda k: (_normal(k, (3, 4)),)),
+    Case("squared_error", "squared_error", _regression()),
+    Case("huber_loss", "huber_loss", _regression(scale=2.0)),
+    Case("huber_loss-delta", "huber_loss", _regression(scale=2.0), {"delta": 0.5}),
+    Case("log_cosh", "log_cosh", _regression(scale=5.0)),
+    Case("cosine_similarity", "cosine_similarity", _regression()),
+    Case(
+        "cosine_similarity-epsilon",
+        "cosine_similarity",
+        _regression(scale=0.1),
+        {"epsilon": 0.3},
+    ),
+    Case("cosine_similarity-axis0", "cosine_similarity", _regression(), {"axis": 0}),
+    Case(
+        "cosine_similarity-axis-none",
+        "cosine_similarity",
+        _regression(),
+        {"axis": None},
+    ),
+    Case(
+        "cosine_similarity-where",
+        "cosine_similarity",
+        _regression(),
+        _with_where(_full_where),
+    ),
+    Case("cosine_distance", "cosine_distance", _regression()),
+    Case(
+        "cosine_distance-where",
+        "cosine_distance",
+        _regression((2, 3, 4)),
+        lambda args: {"where": _full_where(args), "axis": (0, 2)},
+    ),
+    # Classification.
+    Case("softmax_cross_entropy", "softmax_cross_entropy", _logits_and_distribution()),
+    Case(
+        "softmax_cross_entropy-axis0",
+        "softmax_cross_entropy",
+        _logits_and_distribution(axis=0),
+        {"axis": 0},
+    ),
+    Case(
+        "softmax_cross_entropy-axes",
+        "softmax_cross_entropy",
+        _logits_and_distribution((2, 3, 4), axis=(0, 2)),
+        {"axis": (0, 2)},
+    ),
+    Case(
+        "softmax_cross_entropy-axis-none",
+        "softmax_cross_entropy",
+        _logits_and_distribution(axis=None),
+        {"axis": None},
+    ),
+    Case(
+        "softmax_cross_entropy-where",
+        "softmax_cross_entropy",
+        _logits_and_distribution(),
+        _with_where(_full_where),
+    ),
+    Case(
+        "softmax_cross_entropy-where-rows",
+        "softmax_cross_entropy",
+        _logits_and_distribution(),
+        _with_where(_row_where),
+    ),
+    Case(
+        "softmax_cross_entropy_with_integer_labels",
+        "softmax_cross_entropy_with_integer_labels",
+        _logits_and_indices((2, 3, 5), (2, 3), 5),
+    ),
+    Case(
+        "softmax_cross_entropy_with_integer_labels-axis0",
+        "softmax_cross_entropy_with_integer_labels",
+        _logits_and_indices((5, 3), (3,), 5),
+        {"axis": 0},
+    ),
+    Case(
+        "softmax_cross_entropy_with_integer_labels-axes",
+        "softmax_cross_entropy_with_integer_labels",
+        _logits_and_indices((1, 2, 3, 4), (1, 2), 12),
+        {"axis": (2, 3)},
+    ),
+    Case(
+        "softmax_cross_entropy_with_integer_labels-axes-reversed",
+        "softmax_cross_entropy_with_integer_labels",
+        _logits_and_indices((2, 3, 4), (3,), 8),
+        {"axis": (2, 0)},
+    ),
+    Case(
+        "softmax_cross_entropy_with_integer_labels-where",
+        "softmax_cross_entropy_with_integer_labels",
+        _logits_and_indices((3, 5), (3,), 5),
+        _with_where(_full_where),
+    ),
+    Case(
+        "softmax_cross_entropy_with_integer_labels-where-rows",
+        "softmax_cross_entropy_with_integer_labels",
+        _logits_and_indices((4, 5), (4,), 5),
+        _with_where(_row_where),
+    ),
+    Case(
+        "safe_softmax_cross_entropy",
+        "safe_softmax_cross_entropy",
+        _logits_and_distribution((2, 2, 4)),
+    ),
+    Case(
+        "sigmoid_binary_cross_entropy",
+        "sigmoid_binary_cross_entropy",
+        _logits_and_binary(),
+    ),
+    Case(
+        "sigmoid_binary_cross_entropy-int",
+        "sigmoid_binary_cross_entropy",
+        _logits_and_binary(soft=False, integer=True),
+    ),
+    Case("sigmoid_focal_loss", "sigmoid_focal_loss", _logits_and_binary()),
+    Case(
+        "sigmoid_focal_loss-alpha",
+        "sigmoid_focal_loss",
+        _logits_and_binary(soft=False),
+        {"alpha": 0.25, "gamma": 1.5},
+    ),
+    Case(
+        "sigmoid_focal_loss-int-gamma",
+        "sigmoid_focal_loss",
+        _logits_and_binary(soft=False, integer=True),
+        {"gamma": 0.5},
+    ),
+    Case(
+        "poly_loss_cross_entropy",
+        "poly_loss_cross_entropy",
+        _logits_and_distribution(),
+    ),
+    Case(
+        "poly_loss_cross_entropy-epsilon-axis0",
+        "poly_loss_cross_entropy",
+        _logits_and_distribution(axis=0),
+        {"epsilon": -1.0, "axis": 0},
+    ),
+    Case(
+        "poly_loss_cross_entropy-where",
+        "poly_loss_cross_entropy",
+        _logits_and_distribution(),
+        _with_where(_full_where),
+    ),
+    Case("smooth_labels", "smooth_labels", _smooth_inputs),
+    Case("smooth_labels-axis0", "smooth_labels", _smooth_inputs, {"axis": 0}),
+    Case(
+        "hinge_loss",
+        "hinge_loss",
+        _logits_and_binary(soft=False, signed=True),
+    ),
+    Case(
+        "hinge_loss-int",
+        "hinge_loss",
+        _logits_and_binary(soft=False, signed=True, integer=True),
+    ),
+    Case(
+        "perceptron_loss",
+        "perceptron_loss",
+        _logits_and_binary(soft=False, signed=True, integer=True),
+    ),
+    Case(
+        "multiclass_hinge_loss",
+        "multiclass_hinge_loss",
+        _logits_and_indices((2, 3, 5), (2, 3), 5),
+    ),
+    Case(
+        "multiclass_perceptron_loss",
+        "multiclass_perceptron_loss",
+        _logits_and_indices((4, 5), (4,), 5),
+    ),
+    Case(
+        "sparsemax_loss",
+        "sparsemax_loss",
+        lambda k: (_normal(k, (4, 5), 1.5), jnp.arange(20).reshape(4, 5) % 2),
+    ),
+    Case(
+        "multiclass_sparsemax_loss",
+        "multiclass_sparsemax_loss",
+        _logits_and_indices((2, 3, 5), (2, 3), 5),
+    ),
+    Case(
+        "make_fenchel_young_loss",
+        "make_fenchel_young_loss",
+        _logits_and_distribution((2, 3, 4)),
+        build=_fenchel_young,
+    ),
+    # Divergences.
+    Case("kl_divergence", "kl_divergence", _log_predictions_and_targets()),
+    Case(
+        "kl_divergence-axis-none",
+        "kl_divergence",
+        _log_predictions_and_targets(),
+        {"axis": None},
+    ),
+    Case(
+        "kl_divergence-where",
+        "kl_divergence",
+        _log_predictions_and_targets(),
+        _with_where(_full_where),
+    ),
+    Case(
+        "kl_divergence_with_log_targets",
+        "kl_divergence_with_log_targets",
+        _log_predictions_and_log_targets,
+    ),
+    Case(
+        "kl_divergence_with_log_targets-where",
+        "kl_divergence_with_log_targets",
+        _log_predictions_and_log_targets,
+        _with_where(_full_where),
+    ),
+    Case(
+        "generalized_kl_divergence",
+        "generalized_kl_divergence",
+        _log_predictions_and_targets(normalised=False),
+    ),
+    Case(
+        "generalized_kl_divergence-where-axis0",
+        "generalized_kl_divergence",
+        _log_predictions_and_targets(normalised=False),
+        lambda args: {"where": _full_where(args), "axis": 0},
+    ),
+    Case(
+        "convex_kl_divergence",
+        "convex_kl_divergence",
+        _log_predictions_and_targets(normalised=False),
+    ),
+    # Sequences.
+    Case("ctc_loss", "ctc_loss", _ctc_inputs, grad_argnums=(0,)),
+    Case(
+        "ctc_loss-blank-epsilon",
+        "ctc_loss",
+        _ctc_inputs,
+        {"blank_id": 2, "log_epsilon": -1e4},
+        grad_argnums=(0,),
+    ),
+    Case(
+        "ctc_loss_with_forward_probs",
+        "ctc_loss_with_forward_probs",
+        _ctc_inputs,
+        grad_argnums=(0,),
+    ),
+    # Self-supervised and ranking.
+    Case("ntxent", "ntxent", _ntxent_inputs),
+    Case("ntxent-temperature", "ntxent", _ntxent_inputs, {"temperature": 0.5}),
+    Case("triplet_margin_loss", "triplet_margin_loss", _triplet_inputs()),
+    Case(
+        "triplet_margin_loss-degree4-axis0",
+        "triplet_margin_loss",
+        _triplet_inputs((3, 4)),
+        {"norm_degree": 4, "margin": 0.5, "axis": 0, "eps": 1e-3},
+    ),
+    Case("ranking_softmax_loss", "ranking_softmax_loss", _ranking_inputs),
+    Case(
+        "ranking_softmax_loss-unreduced",
+        "ranking_softmax_loss",
+        _ranking_inputs,
+        {"reduce_fn": None},
+    ),
+    Case(
+        "ranking_softmax_loss-where-weights-sum",
+        "ranking_softmax_loss",
+        _ranking_inputs,
+        lambda args: {
+            "where": _full_where(args).at[1].set(False),
+            "weights": jnp.exp(args[0]),
+            "reduce_fn": jnp.sum,
+        },
+    ),
+    Case(
+        "ranking_softmax_loss-where-mean",
+        "ranking_softmax_loss",
+        _ranking_inputs,
+        lambda args: {"where": _full_where(args).at[1].set(False)},
+    ),
+    # Segmentation.
+    Case("dice_loss", "dice_loss", _segmentation_inputs()),
+    Case(
+        "dice_loss-none-tversky",
+        "dice_loss",
+        _segmentation_inputs(),
+        {"reduction": "none", "alpha": 0.3, "beta": 0.7, "smooth": 0.5},
+    ),
+    Case(
+        "dice_loss-weights-sum-background",
+        "dice_loss",
+        _segmentation_inputs(),
+        {
+            "class_weights": jnp.array([1.0, 2.0, 3.0]),
+            "reduction": "sum",
+            "ignore_background": True,
+        },
+    ),
+    Case(
+        "dice_loss-probabilities-axis",
+        "dice_loss",
+        _segmentation_inputs(probabilities=True),
+        {"apply_softmax": False, "axis": (1,)},
+    ),
+    Case("dice_loss-single-class", "dice_loss", _binary_segmentation_inputs((2, 3, 1))),
+    Case("binary_dice_loss", "binary_dice_loss", _binary_segmentation_inputs((2, 3, 3))),
+    Case(
+        "binary_dice_loss-class-axis",
+        "binary_dice_loss",
+        _binary_segmentation_inputs((2, 3, 1)),
+        {"smooth": 0.1},
+    ),
+    Case(
+        "multiclass_generalized_dice_loss",
+        "multiclass_generalized_dice_loss",
+        _segmentation_inputs(),
+    ),
+    Case(
+        "multiclass_generalized_dice_loss-background",
+        "multiclass_generalized_dice_loss",
+        _segmentation_inputs((2, 4, 3)),
+        {"ignore_background": True, "smooth": 0.5},
+    ),
+]
+
+_ids = [case.id for case in CASES]
+assert len(set(_ids)) == len(_ids), "duplicate case ids"
+
+
+def _call(case: Case, namespace, args):
+    fn = getattr(namespace, case.name)
+    if case.build is not None:
+        fn = case.build(fn)
+    kwargs = case.kwargs(args) if callable(case.kwargs) else case.kwargs
+    return fn(*args, **kwargs)
+
+
+def _args(case: Case, index: int):
+    return case.inputs(jax.random.key(index))
+
+
+def _grad_argnums(case: Case, args) -> tuple[int, ...]:
+    if case.grad_argnums is not None:
+        return case.grad_argnums
+    return tuple(
+        i
+        for i, arg in enumerate(args)
+        if hasattr(arg, "dtype") and jnp.issubdtype(arg.dtype, jnp.floating)
+    )
+
+
+def _summed_loss(case, namespace):
+    def summed(*args):
+        value = _call(case, namespace, args)
+        if isinstance(value, tuple):  # (loss, forward probabilities...)
+            value = value[0]
+        return jnp.sum(value)
+
+    return summed
+
+
+# ---------------------------------------------------------------------------
+# Generic tests.
+
+
+def test_registry_covers_every_public_name():
+    assert {case.name for case in CASES} == set(PUBLIC_NAMES)
+    for name in PUBLIC_NAMES:
+        assert hasattr(losses, name), name
+        assert hasattr(optax.losses, name), name
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_value_parity(case):
+    args = _args(case, CASES.index(case))
+    ours = _call(case, losses, args)
+    theirs = _call(case, optax.losses, args)
+    assert jax.tree.structure(ours) == jax.tree.structure(tuple(theirs) if isinstance(theirs, tuple) else theirs)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
+        assert a.shape == b.shape
+        assert jnp.all(jnp.isfinite(a))
+    assert_tree_allclose(ours, theirs, rtol=case.rtol, atol=case.atol)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_gradient_parity(case):
+    args = _args(case, CASES.index(case))
+    argnums = _grad_argnums(case, args)
+    if not argnums:
+        pytest.skip("no floating input")
+    ours = jax.grad(_summed_loss(case, losses), argnums=argnums)(*args)
+    theirs = jax.grad(_summed_loss(case, optax.losses), argnums=argnums)(*args)
+    for leaf in jax.tree.leaves(ours):
+        assert jnp.all(jnp.isfinite(leaf))
+    assert_tree_allclose(ours, theirs, rtol=case.grad_rtol, atol=case.grad_atol)
+
+
+@pytest.mark.parametrize("name", PUBLIC_NAMES)
+def test_signature_matches_optax(name):
+    ours = inspect.signature(getattr(losses, name)).parameters
+    theirs = inspect.signature(getattr(optax.losses, name)).parameters
+    assert list(ours) == list(theirs)
+    for parameter, other in zip(ours.values(), theirs.values()):
+        assert parameter.kind == other.kind, parameter.name
+        assert parameter.default == other.default, parameter.name
+
+
+@pytest.mark.parametrize("name", PUBLIC_NAMES)
+def test_docstring(name):
+    doc = inspect.getdoc(getattr(losses, name))
+    assert doc, name
+    first_line = doc.splitlines()[0]
+    assert first_line.endswith("."), first_line
+    for section in ("$$", "**Arguments:**", "**Returns:**", "**References:**"):
+        assert section in doc, (name, section)
+
+
+def test_no_optax_import():
+    import pathlib
+
+    package = pathlib.Path(losses.__file__).parent
+    for path in package.glob("*.py"):
+        assert "optax" not in path.read_text().replace("Optax", ""), path
+
+
+def test_jit_and_vmap():
+    logits = jnp.arange(12.0).reshape(4, 3) / 5
+    labels = jnp.array([0, 2, 1, 1])
+    expected = losses.softmax_cross_entropy_with_integer_labels(logits, labels)
+    jitted = jax.jit(losses.softmax_cross_entropy_with_integer_labels)(logits, labels)
+    mapped = jax.vmap(losses.softmax_cross_entropy_with_integer_labels)(logits, labels)
+    assert_tree_allclose(jitted, expected)
+    assert_tree_allclose(mapped, expected)
+
+
+def test_fenchel_young_loss_is_a_module():
+    first = losses.make_fenchel_young_loss(jax.nn.logsumexp)
+    second = losses.make_fenchel_young_loss(jax.nn.logsumexp)
+    assert first == second and hash(first) == hash(second)
+    scores = jnp.array([[1.0, 2.0, 0.5]])
+    targets = jnp.array([[0.0, 1.0, 0.0]])
+    assert_tree_allclose(first(scores, targets), losses.softmax_cross_entropy(scores, targets))
+    with pytest.raises(ValueError, match="must map a vector to a scalar"):
+        losses.make_fenchel_young_loss(lambda x: x)(scores, targets)
+
+
+# ---------------------------------------------------------------------------
+# Edges: finite values and gradients.
+
+
+def _assert_finite_grads(fn, *args, argnums=0):
+    grads = jax.grad(lambda *a: jnp.sum(fn(*a)), argnums=argnums)(*args)
+    for leaf in jax.tree.leaves(grads):
+        assert jnp.all(jnp.isfinite(leaf)), grads
+    return grads
+
+
+MASKED_LOGITS = jnp.array([[1.0, 2.0, -jnp.inf], [0.5, -1.0, 2.0]])
+MASKED_LABELS = jnp.array([[0.3, 0.7, 0.0], [0.0, 1.0, 0.0]])
+
+
+@pytest.mark.parametrize(
+    "name", ["softmax_cross_entropy", "safe_softmax_cross_entropy", "poly_loss_cross_entropy"]
+)
+def test_minus_inf_logits_with_zero_label(name):
+    fn = getattr(losses, name)
+    value = fn(MASKED_LOGITS, MASKED_LABELS)
+    assert jnp.all(jnp.isfinite(value))
+    # The masked class changes nothing: same as dropping it.
+    dropped = fn(MASKED_LOGITS[:1, :2], MASKED_LABELS[:1, :2])
+    assert_tree_allclose(value[0], dropped[0])
+    grads = _assert_finite_grads(fn, MASKED_LOGITS, MASKED_LABELS, argnums=(0, 1))
+    assert grads[0][0, 2] == 0
+
+
+def test_minus_inf_logits_integer_labels():
+    labels = jnp.array([1, 0])
+    value = losses.softmax_cross_entropy_with_integer_labels(MASKED_LOGITS, labels)
+    assert jnp.all(jnp.isfinite(value))
+    _assert_finite_grads(losses.softmax_cross_entropy_with_integer_labels, MASKED_LOGITS, labels)
+    assert_tree_allclose(value, optax.losses.softmax_cross_entropy_with_integer_labels(MASKED_LOGITS, labels))
+
+
+def test_minus_inf_logits_ranking():
+    value = losses.ranking_softmax_loss(MASKED_LOGITS, MASKED_LABELS, reduce_fn=None)
+    assert jnp.all(jnp.isfinite(value))
+    _assert_finite_grads(losses.ranking_softmax_loss, MASKED_LOGITS, MASKED_LABELS)
+
+
+EXTREME_LOGITS = jnp.array([jnp.inf, -jnp.inf, 50.0, -50.0, 0.0])
+EXTREME_LABELS = jnp.array([1.0, 0.0, 1.0, 0.0, 1.0])
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        losses.sigmoid_binary_cross_entropy,
+        losses.sigmoid_focal_loss,
+        lambda x, y: losses.sigmoid_focal_loss(x, y, gamma=0.5, alpha=0.25),
+        lambda x, y: losses.sigmoid_focal_loss(x, y, gamma=0.0),
+        lambda x, y: losses.sparsemax_loss(x, y.astype(jnp.int32)),
+    ],
+    ids=["bce", "focal", "focal-gamma0.5", "focal-gamma0", "sparsemax"],
+)
+def test_saturated_binary_predictions(fn):
+    value = fn(EXTREME_LOGITS, EXTREME_LABELS)
+    assert jnp.all(jnp.isfinite(value))
+    assert_tree_allclose(value[:4], jnp.zeros(4))
+    _assert_finite_grads(fn, EXTREME_LOGITS, EXTREME_LABELS)
+
+
+def test_focal_gamma_zero_is_cross_entropy():
+    logits, labels = _logits_and_binary()(jax.random.key(0))
+    assert_tree_allclose(
+        losses.sigmoid_focal_loss(logits, labels, gamma=0.0),
+        losses.sigmoid_binary_cross_entropy(logits, labels),
+    )
+
+
+def test_zero_targets_in_divergences():
+    log_predictions = jnp.array([[jnp.log(0.4), jnp.log(0.6), -jnp.inf]])
+    targets = jnp.array([[0.5, 0.5, 0.0]])
+    for fn in (
+        losses.kl_divergence,
+        losses.generalized_kl_divergence,
+        losses.convex_kl_divergence,
+    ):
+        assert jnp.all(jnp.isfinite(fn(log_predictions, targets)))
+        _assert_finite_grads(fn, log_predictions, targets, argnums=(0, 1))
+    log_targets = jnp.log(targets)
+    value = losses.kl_divergence_with_log_targets(log_predictions, log_targets)
+    assert_tree_allclose(value, losses.kl_divergence(log_predictions, targets))
+    _assert_finite_grads(
+        losses.kl_divergence_with_log_targets, log_predictions, log_targets, argnums=(0, 1)
+    )
+
+
+def _empty_where_cases():
+    logits = jnp.array([[1.0, 2.0, 0.5], [0.3, -1.0, 2.0]])
+    distribution = jax.nn.softmax(jnp.array([[0.1, 0.2, 0.3], [1.0, 0.0, -1.0]]))
+    log_distribution = jnp.log(distribution)
+    return [
+        ("cosine_similarity", (logits, distribution), {}),
+        ("cosine_distance", (logits, distribution), {}),
+        ("softmax_cross_entropy", (logits, distribution), {}),
+        ("softmax_cross_entropy_with_integer_labels", (logits, jnp.array([0, 2])), {}),
+        ("poly_loss_cross_entropy", (logits, distribution), {}),
+        ("kl_divergence", (log_distribution, distribution), {}),
+        ("kl_divergence_with_log_targets", (log_distribution, log_distribution), {}),
+        ("generalized_kl_divergence", (logits, distribution), {}),
+        ("convex_kl_divergence", (logits, distribution), {}),
+        ("ranking_softmax_loss", (logits, distribution), {"reduce_fn": None}),
+        ("ranking_softmax_loss", (logits, distribution), {}),
+    ]
+
+
+@pytest.mark.parametrize(
+    "name, args, kwargs", _empty_where_cases(), ids=lambda x: x if isinstance(x, str) else ""
+)
+def test_where_selecting_nothing(name, args, kwargs):
+    fn = getattr(losses, name)
+    nothing = jnp.zeros(args[0].shape, bool)
+    partly = nothing.at[0].set(True)  # first row selected, second empty
+    fn_nothing = lambda *a: fn(*a, where=nothing, **kwargs)
+    value = fn_nothing(*args)
+    expected = 1.0 if name == "cosine_distance" else 0.0
+    assert_tree_allclose(value, jnp.full_like(value, expected))
+    floating = tuple(i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.floating))
+    grads = _assert_finite_grads(fn_nothing, *args, argnums=floating)
+    for leaf in jax.tree.leaves(grads):
+        assert_tree_allclose(leaf, jnp.zeros_like(leaf))
+    partial = fn(*args, where=partly, **kwargs)
+    assert jnp.all(jnp.isfinite(partial))
+    _assert_finite_grads(lambda *a: fn(*a, where=partly, **kwargs), *args, argnums=floating)
+
+
+def test_smooth_labels_where_selecting_nothing():
+    labels = jnp.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    where = jnp.array([[True, True, False], [False, False, False]])
+    smoothed = losses.smooth_labels(labels, 0.1, where=where)
+    assert_tree_allclose(smoothed[0], jnp.array([0.05, 0.95, 0.0]))
+    assert_tree_allclose(smoothed[1], labels[1])
+
+
+def test_ctc_all_padding_labels():
+    logits, logit_paddings, labels, _ = _ctc_inputs(jax.random.key(0))
+    label_paddings = jnp.ones(labels.shape)
+    loss = losses.ctc_loss(logits, logit_paddings, labels, label_paddings)
+    log_blank = jax.nn.log_softmax(logits)[..., 0]
+    expected = -jnp.sum(jnp.where(logit_paddings > 0.5, 0, log_blank), axis=1)
+    assert_tree_allclose(loss, expected, rtol=1e-5, atol=1e-5)
+    _assert_finite_grads(
+        lambda x: losses.ctc_loss(x, logit_paddings, labels, label_paddings), logits
+    )
+    assert_tree_allclose(loss, optax.losses.ctc_loss(logits, logit_paddings, labels, label_paddings))
+
+
+def test_ctc_all_padding_frames_and_boolean_paddings():
+    logits, _, labels, label_paddings = _ctc_inputs(jax.random.key(0))
+    logit_paddings = jnp.ones(logits.shape[:2], bool)
+    loss = losses.ctc_loss(logits, logit_paddings, labels, label_paddings > 0.5)
+    assert jnp.all(jnp.isfinite(loss))
+    _assert_finite_grads(
+        lambda x: losses.ctc_loss(x, logit_paddings, labels, label_paddings), logits
+    )
+
+
+def test_ctc_against_brute_force():
+    """Sums the probabilities of every alignment of a tiny problem."""
+    import itertools
+
+    logits, _, labels, _ = _ctc_inputs(jax.random.key(3))
+    logits, labels = logits[:1, :4], labels[:1, :2]
+    log_probs = np.asarray(jax.nn.log_softmax(logits[0]), np.float64)
+    target = list(np.asarray(labels[0]))
+    total = 0.0
+    for path in itertools.product(range(logits.shape[-1]), repeat=4):
+        collapsed = [s for i, s in enumerate(path) if s != 0 and (i == 0 or s != path[i - 1])]
+        if collapsed == target:
+            total += np.exp(sum(log_probs[t, s] for t, s in enumerate(path)))
+    loss = losses.ctc_loss(logits, jnp.zeros((1, 4)), labels, jnp.zeros((1, 2)))
+    assert_tree_allclose(loss, jnp.array([-np.log(total)]), rtol=1e-5)
+
+
+def test_ntxent_edges():
+    embeddings = _normal(jax.random.key(0), (4, 3))
+    no_positives = jnp.arange(4)
+    assert losses.ntxent(embeddings, no_positives) == 0
+    _assert_finite_grads(losses.ntxent, embeddings, no_positives)
+    labels = jnp.array([0, 0, 1, 1])
+    zero_row = embeddings.at[0].set(0.0)
+    assert jnp.isfinite(losses.ntxent(zero_row, labels))
+    _assert_finite_grads(losses.ntxent, zero_row, labels)
+    assert losses.ntxent(embeddings, jnp.zeros(4, jnp.int32)) == 0  # no negatives
+
+
+def test_triplet_and_cosine_coincident_or_zero_vectors():
+    anchors = _normal(jax.random.key(0), (3, 4))
+    _assert_finite_grads(
+        lambda a: losses.triplet_margin_loss(a, a, -a), anchors
+    )
+    zeros = jnp.zeros((3, 4))
+    assert_tree_allclose(losses.cosine_similarity(zeros, anchors), jnp.zeros(3))
+    _assert_finite_grads(losses.cosine_similarity, zeros, anchors, argnums=(0, 1))
+
+
+def test_generalized_dice_absent_class():
+    predictions, targets = _segmentation_inputs()(jax.random.key(0))
+    targets = targets.at[..., 2].set(0.0)
+    value = losses.multiclass_generalized_dice_loss(predictions, targets)
+    assert jnp.isfinite(value)
+    _assert_finite_grads(losses.multiclass_generalized_dice_loss, predictions, targets)
+
+
+# ---------------------------------------------------------------------------
+# Bad inputs.
+
+_TYPE_ERROR = jaxtyping.TypeCheckError
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (
+            lambda: losses.softmax_cross_entropy(jnp.zeros((2, 3)), jnp.array([0, 2])),
+            _TYPE_ERROR,
+            "parameter 'labels'",
+        ),
+        (
+            lambda: losses.softmax_cross_entropy(jnp.zeros((2, 3)), jnp.zeros((2, 4))),
+            _TYPE_ERROR,
+            "parameter 'labels'",
+        ),
+        (
+            lambda: losses.softmax_cross_entropy_with_integer_labels(
+                jnp.zeros((2, 3)), jnp.array([0.0, 2.0])
+            ),
+            _TYPE_ERROR,
+            "parameter 'labels'",
+        ),
+        (
+            lambda: losses.softmax_cross_entropy_with_integer_labels(
+                jnp.zeros((2, 3)), jnp.array([0, 1, 2])
+            ),
+            ValueError,
+            r"`labels` must have the shape of `logits` \(2, 3\) without axis -1",
+        ),
+        (
+            lambda: losses.softmax_cross_entropy_with_integer_labels(
+                jnp.zeros((2, 3), jnp.int32), jnp.array([0, 1])
+            ),
+            _TYPE_ERROR,
+            "parameter 'logits'",
+        ),
+        (
+            lambda: losses.multiclass_hinge_loss(jnp.zeros((2, 4)), jnp.zeros(2)),
+            _TYPE_ERROR,
+            "parameter 'labels'",
+        ),
+        (
+            lambda: losses.multiclass_sparsemax_loss(jnp.zeros((2, 4)), jnp.array([0, 1, 2])),
+            _TYPE_ERROR,
+            "parameter 'labels'",
+        ),
+        (
+            lambda: losses.sparsemax_loss(jnp.zeros(3), jnp.array([0.0, 1.0, 1.0])),
+            _TYPE_ERROR,
+            "parameter 'labels'",
+        ),
+        (
+            lambda: losses.sigmoid_binary_cross_entropy(jnp.zeros((4, 1)), jnp.zeros(4)),
+            _TYPE_ERROR,
+            "parameter 'labels'",
+        ),
+        (
+            lambda: losses.l2_loss(jnp.zeros((4, 1)), jnp.zeros(4)),
+            _TYPE_ERROR,
+            "parameter 'targets'",
+        ),
+        (
+            lambda: losses.kl_divergence(jnp.zeros((2, 3)), jnp.zeros((2, 3)), where=jnp.ones((2, 3))),
+            _TYPE_ERROR,
+            "parameter 'where'",
+        ),
+        (
+            lambda: losses.softmax_cross_entropy(
+                jnp.zeros((2, 3)), jnp.zeros((2, 3)), where=jnp.ones(3, bool)
+            ),
+            ValueError,
+            r"`where` must have shape \(2, 3\) or \(2,\)",
+        ),
+        (
+            lambda: losses.cosine_similarity(jnp.zeros((2, 3)), jnp.zeros((2, 3)), axis=2),
+            ValueError,
+            "out of range",
+        ),
+        (
+            lambda: losses.ctc_loss(
+                jnp.zeros((2, 5, 3)), jnp.zeros((2, 5)), jnp.zeros((2, 2)), jnp.zeros((2, 2))
+            ),
+            _TYPE_ERROR,
+            "parameter 'labels'",
+        ),
+        (
+            lambda: losses.ctc_loss(
+                jnp.zeros((2, 5, 3)), jnp.zeros((2, 4)), jnp.zeros((2, 2), jnp.int32), jnp.zeros((2, 2))
+            ),
+            _TYPE_ERROR,
+            "parameter 'logit_paddings'",
+        ),
+        (
+            lambda: losses.ntxent(jnp.zeros((4, 3)), jnp.array([0, 0, 1])),
+            _TYPE_ERROR,
+            "parameter 'labels'",
+        ),
+        (
+            lambda: losses.dice_loss(jnp.zeros((2, 3, 3)), jnp.zeros((2, 3, 3)), reduction="avg"),
+            _TYPE_ERROR,
+            "parameter 'reduction'",
+        ),
+        (
+            lambda: losses.dice_loss(jnp.zeros((2, 3, 3)), jnp.zeros((2, 3, 3)), axis=(1, 2)),
+            ValueError,
+            "includes the class axis",
+        ),
+        (
+            lambda: losses.triplet_margin_loss(jnp.zeros((2, 3)), jnp.zeros((2, 3)), jnp.zeros((3, 3))),
+            _TYPE_ERROR,
+            "parameter 'negatives'",
+        ),
+    ],
+)
+def test_bad_inputs(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_bad_inputs_raise_under_jit():
+    fn = jax.jit(losses.softmax_cross_entropy)
+    with pytest.raises(_TYPE_ERROR, match="parameter 'labels'"):
+        fn(jnp.zeros((2, 3)), jnp.array([0, 2]))
+
+
+# ---------------------------------------------------------------------------
+# Documented differences from Optax.
+
+
+def test_difference_softmax_cross_entropy_minus_inf():
+    assert jnp.all(jnp.isnan(optax.losses.softmax_cross_entropy(MASKED_LOGITS, MASKED_LABELS)[0]))
+    assert_tree_allclose(
+        losses.softmax_cross_entropy(MASKED_LOGITS, MASKED_LABELS),
+        optax.losses.safe_softmax_cross_entropy(MASKED_LOGITS, MASKED_LABELS),
+    )
+
+
+def test_difference_saturated_sigmoid_cross_entropy():
+    assert jnp.any(jnp.isnan(optax.losses.sigmoid_binary_cross_entropy(EXTREME_LOGITS, EXTREME_LABELS)))
+    assert jnp.all(jnp.isfinite(losses.sigmoid_binary_cross_entropy(EXTREME_LOGITS, EXTREME_LABELS)))
+
+
+def test_difference_kl_with_impossible_predictions():
+    log_predictions = jnp.array([[jnp.log(0.4), jnp.log(0.6), -jnp.inf]])
+    targets = jnp.array([[0.5, 0.5, 0.0]])
+    assert jnp.isnan(optax.losses.kl_divergence(log_predictions, targets)[0])
+    finite = jnp.array([[jnp.log(0.4), jnp.log(0.6)]])
+    assert_tree_allclose(
+        losses.kl_divergence(log_predictions, targets),
+        optax.losses.kl_divergence(finite, targets[:, :2]),
+    )
+
+
+def test_difference_cosine_similarity_zero_vector():
+    zeros, other = jnp.zeros((1, 3)), jnp.ones((1, 3))
+    assert jnp.isnan(optax.losses.cosine_similarity(zeros, other)[0])
+    assert losses.cosine_similarity(zeros, other)[0] == 0
+    where = jnp.zeros((1, 3), bool)
+    optax_grad = jax.grad(lambda x: optax.losses.cosine_similarity(x, other, where=where).sum())(other)
+    assert jnp.any(jnp.isnan(optax_grad))
+
+
+def test_difference_smooth_labels_where():
+    labels = jnp.array([[0.0, 1.0, 0.0, 0.0]])
+    where = jnp.array([[True, True, True, False]])
+    ours = losses.smooth_labels(labels, 0.3, where=where)
+    theirs = optax.losses.smooth_labels(labels, 0.3, where=where)
+    assert_tree_allclose(ours[:, :3], theirs[:, :3])  # same on the selected classes
+    assert ours[0, 3] == 0 and theirs[0, 3] > 0  # left-out class kept as is
+    assert_tree_allclose(jnp.sum(ours), jnp.array(1.0))
+
+
+def test_difference_ntxent_without_positive_pairs():
+    embeddings = _normal(jax.random.key(0), (4, 3))
+    assert jnp.isnan(optax.losses.ntxent(embeddings, jnp.arange(4)))
+    assert losses.ntxent(embeddings, jnp.arange(4)) == 0
+
+
+def test_difference_triplet_odd_degree():
+    anchors, positives, negatives = _triplet_inputs()(jax.random.key(0))
+    ours = losses.triplet_margin_loss(anchors, positives, negatives, norm_degree=1, eps=0.0)
+    l1 = lambda x, y: jnp.sum(jnp.abs(x - y), axis=-1)
+    expected = jax.nn.relu(l1(anchors, positives) - l1(anchors, negatives) + 1.0)
+    assert_tree_allclose(ours, expected)
+    theirs = optax.losses.triplet_margin_loss(anchors, positives, negatives, norm_degree=1, eps=0.0)
+    assert not jnp.allclose(ours, theirs)
+
+
+def test_difference_dice_without_activation():
+    predictions, targets = _binary_segmentation_inputs((2, 3, 3))(jax.random.key(0))
+    probabilities = jax.nn.sigmoid(predictions)
+    with pytest.raises(ValueError):
+        optax.losses.binary_dice_loss(probabilities, targets, apply_sigmoid=False)
+    assert_tree_allclose(
+        losses.binary_dice_loss(probabilities, targets, apply_sigmoid=False),
+        losses.binary_dice_loss(predictions, targets),
+    )
+    multiclass, one_hot = _segmentation_inputs(probabilities=True)(jax.random.key(1))
+    jitted = jax.jit(lambda p: losses.dice_loss(p, one_hot, apply_softmax=False))(multiclass)
+    assert_tree_allclose(jitted, optax.losses.dice_loss(multiclass, one_hot, apply_softmax=False))
+
+
+def test_difference_no_implicit_broadcasting():
+    predictions, targets = jnp.zeros((4, 1)), jnp.arange(4.0)
+    assert optax.losses.squared_error(predictions, targets).shape == (4, 4)
+    with pytest.raises(_TYPE_ERROR):
+        losses.squared_error(predictions, targets)
+    assert losses.squared_error(predictions[:, 0], targets).shape == (4,)
