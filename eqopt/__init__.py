@@ -8,6 +8,22 @@ import jaxtyping as _jaxtyping
 # Importing its modules under this hook checks them with beartype (at trace time
 # under jit). Setting JAXTYPING_DISABLE=1 turns the checks off.
 with _jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
+    from ._alias import (
+        adagrad as adagrad,
+        adam as adam,
+        adamax as adamax,
+        adamaxw as adamaxw,
+        adamw as adamw,
+        amsgrad as amsgrad,
+        lion as lion,
+        nadam as nadam,
+        nadamw as nadamw,
+        noisy_sgd as noisy_sgd,
+        rmsprop as rmsprop,
+        sgd as sgd,
+        sign_sgd as sign_sgd,
+        signum as signum,
+    )
     from ._base import (
         AbstractGradientTransformation as AbstractGradientTransformation,
         EmptyState as EmptyState,
@@ -32,6 +48,39 @@ with _jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
     )
     from ._filters import FilterSpec as FilterSpec
     from ._hyper import ScalarOrSchedule as ScalarOrSchedule
+    from . import schedules as schedules
+    from .schedules import (
+        AbstractSchedule as AbstractSchedule,
+        as_schedule as as_schedule,
+        constant_schedule as constant_schedule,
+        ConstantSchedule as ConstantSchedule,
+        cosine_decay_schedule as cosine_decay_schedule,
+        cosine_onecycle_schedule as cosine_onecycle_schedule,
+        CosineDecaySchedule as CosineDecaySchedule,
+        CosineOnecycleSchedule as CosineOnecycleSchedule,
+        exponential_decay as exponential_decay,
+        ExponentialDecaySchedule as ExponentialDecaySchedule,
+        join_schedules as join_schedules,
+        JoinSchedules as JoinSchedules,
+        linear_onecycle_schedule as linear_onecycle_schedule,
+        linear_schedule as linear_schedule,
+        LinearOnecycleSchedule as LinearOnecycleSchedule,
+        LinearSchedule as LinearSchedule,
+        piecewise_constant_schedule as piecewise_constant_schedule,
+        piecewise_interpolate_schedule as piecewise_interpolate_schedule,
+        PiecewiseConstantSchedule as PiecewiseConstantSchedule,
+        PiecewiseInterpolateSchedule as PiecewiseInterpolateSchedule,
+        polynomial_schedule as polynomial_schedule,
+        PolynomialSchedule as PolynomialSchedule,
+        sgdr_schedule as sgdr_schedule,
+        warmup_constant_schedule as warmup_constant_schedule,
+        warmup_cosine_decay_schedule as warmup_cosine_decay_schedule,
+        warmup_exponential_decay_schedule as warmup_exponential_decay_schedule,
+        WarmupConstantSchedule as WarmupConstantSchedule,
+        WarmupCosineDecaySchedule as WarmupCosineDecaySchedule,
+        WarmupExponentialDecaySchedule as WarmupExponentialDecaySchedule,
+        WrappedSchedule as WrappedSchedule,
+    )
     from ._numerics import (
         bias_correction as bias_correction,
         global_norm as global_norm,
@@ -84,6 +133,15 @@ with _jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
         AddDecayedWeights as AddDecayedWeights,
         add_decayed_weights as add_decayed_weights,
     )
+    from ._transform.misc import (
+        Centralize as Centralize,
+        KeepParamsNonnegative as KeepParamsNonnegative,
+        ZeroNans as ZeroNans,
+        ZeroNansState as ZeroNansState,
+        centralize as centralize,
+        keep_params_nonnegative as keep_params_nonnegative,
+        zero_nans as zero_nans,
+    )
     from ._transform.momentum import (
         Ema as Ema,
         EmaState as EmaState,
@@ -91,6 +149,29 @@ with _jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
         TraceState as TraceState,
         ema as ema,
         trace as trace,
+    )
+    from ._transform.noise import (
+        AddNoise as AddNoise,
+        AddNoiseState as AddNoiseState,
+        add_noise as add_noise,
+    )
+    from ._transform.rms import (
+        ScaleByRms as ScaleByRms,
+        ScaleByRmsState as ScaleByRmsState,
+        ScaleByRss as ScaleByRss,
+        ScaleByRssState as ScaleByRssState,
+        ScaleByStddev as ScaleByStddev,
+        ScaleByStddevState as ScaleByStddevState,
+        scale_by_rms as scale_by_rms,
+        scale_by_rss as scale_by_rss,
+        scale_by_stddev as scale_by_stddev,
+    )
+    from ._transform.sign import (
+        ScaleByLion as ScaleByLion,
+        ScaleByLionState as ScaleByLionState,
+        ScaleBySign as ScaleBySign,
+        scale_by_lion as scale_by_lion,
+        scale_by_sign as scale_by_sign,
     )
     from ._wrappers.masked import (
         Masked as Masked,

@@ -12,7 +12,8 @@ from jaxtyping import Array, ArrayLike, Float, Int
 Scalar: TypeAlias = Float[Array, ""]
 ScalarLike: TypeAlias = Float[ArrayLike, ""]
 #: A number, or a schedule / callable mapping the step count to a number.
-ScalarOrSchedule: TypeAlias = Float[ArrayLike, ""] | Callable[[Int[ArrayLike, ""]], Any]
+# `int` too: `sgd(1)` is valid Optax code (the value becomes a weakly-typed scalar).
+ScalarOrSchedule: TypeAlias = Float[ArrayLike, ""] | int | Callable[[Int[ArrayLike, ""]], Any]
 
 
 def as_hyperparameter(value):

@@ -46,7 +46,7 @@ def _normalise(tree: Any) -> Any:
 
 
 def power_iteration(
-    matrix: Inexact[Array, "n n"] | Callable[[PyTree[Any]], PyTree[Any]],
+    matrix: Inexact[ArrayLike, "n n"] | Callable[[PyTree[Any]], PyTree[Any]],
     *,
     v0: PyTree[Any] | None = None,
     num_iters: Int[ArrayLike, ""] = 100,
@@ -90,6 +90,7 @@ def power_iteration(
             raise ValueError("`v0` must be given when `matrix` is a callable.")
         matvec = matrix
     else:
+        matrix = jnp.asarray(matrix)
         if v0 is None:
             if key is None:
                 key = jax.random.PRNGKey(0)
@@ -163,7 +164,7 @@ def _matrix_power(matrix: Array, p: Any, precision: lax.Precision) -> Array:
 
 
 def matrix_inverse_pth_root(
-    matrix: Float[Array, "n n"],
+    matrix: Float[ArrayLike, "n n"],
     p: int | Int[ArrayLike, ""],
     num_iters: Int[ArrayLike, ""] = 100,
     ridge_epsilon: Real[ArrayLike, ""] = 1e-6,
@@ -203,6 +204,7 @@ def matrix_inverse_pth_root(
     """
     if isinstance(p, int) and p < 1:
         raise ValueError(f"`p` must be a positive integer, got {p}.")
+    matrix = jnp.asarray(matrix)
     size = matrix.shape[0]
     compute_dtype = jnp.promote_types(matrix.dtype, jnp.float32)
     alpha = jnp.asarray(-1.0 / p, compute_dtype)
@@ -229,7 +231,9 @@ def matrix_inverse_pth_root(
     def body(carry):
         step, mat_m, mat_h, _, error, _ = carry
         mat_t = (1 - alpha) * identity + alpha * mat_m
-        new_mat_m = jnp.matmul(_matrix_power(mat_t, p, precision), mat_m, precision=precision)
+        new_mat_m = jnp.matmul(
+            _matrix_power(mat_t, p, precision), mat_m, precision=precision
+        )
         new_mat_h = jnp.matmul(mat_h, mat_t, precision=precision)
         new_error = jnp.max(jnp.abs(new_mat_m - identity))
         return step + 1, new_mat_m, new_mat_h, mat_h, new_error, new_error < 1.2 * error
@@ -255,8 +259,8 @@ def _spectral_radius_upper_bound(matrix: Array) -> Array:
 
 
 def nnls(
-    A: Float[Array, "m n"],
-    b: Float[Array, " m"] | Float[Array, "m k"],
+    A: Float[ArrayLike, "m n"],
+    b: Float[ArrayLike, " m"] | Float[ArrayLike, "m k"],
     iters: int,
     unroll: int | bool = 1,
     L: Real[ArrayLike, ""] | None = None,
@@ -286,6 +290,7 @@ def nnls(
     **References:** R. A. Polyak, *Projected gradient method for non-negative
     least square*, Contemporary Mathematics 636, 2015.
     """
+    A, b = jnp.asarray(A), jnp.asarray(b)
     Q = A.mT @ A
     q = A.mT @ b
     if L is None:

@@ -6,7 +6,13 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from ._base import AbstractGradientTransformation, OptState, Params, Updates, apply_updates
+from ._base import (
+    AbstractGradientTransformation,
+    OptState,
+    Params,
+    Updates,
+    apply_updates,
+)
 from ._combine import as_transform
 from ._numerics import safe_int32_increment
 
@@ -86,7 +92,9 @@ class TrainState(eqx.Module):
         **Returns:** the `TrainState`.
         """
         tx = as_transform(tx)
-        return cls(model=model, tx=tx, opt_state=tx.init(model), step=jnp.zeros([], jnp.int32))
+        return cls(
+            model=model, tx=tx, opt_state=tx.init(model), step=jnp.zeros([], jnp.int32)
+        )
 
     def apply_gradients(self, grads: Updates, **extra_args: Any) -> "TrainState":
         """Takes one optimiser step.
@@ -104,7 +112,9 @@ class TrainState(eqx.Module):
 
         **Returns:** the new `TrainState`.
         """
-        updates, opt_state = self.tx.update(grads, self.opt_state, self.model, **extra_args)
+        updates, opt_state = self.tx.update(
+            grads, self.opt_state, self.model, **extra_args
+        )
         return TrainState(
             model=apply_updates(self.model, updates),
             tx=self.tx,

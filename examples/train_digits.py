@@ -88,9 +88,8 @@ def make_optimizer(steps: int):
     )
     return eqopt.chain(
         eqopt.clip_by_global_norm(1.0),
-        eqopt.scale_by_adam(),
-        eqopt.add_decayed_weights(1e-3, mask=lambda x: x.ndim > 1),
-        eqopt.scale_by_learning_rate(schedule),
+        # Decay the weight matrices only: a per-leaf predicate, as in `eqx.filter`.
+        eqopt.adamw(schedule, weight_decay=1e-3, mask=lambda x: x.ndim > 1),
     )
 
 
@@ -128,7 +127,7 @@ def main():
         if (i + 1) % args.eval_every == 0 or i + 1 == args.steps:
             eval_steps.append(i + 1)
             accuracies.append(float(accuracy(model, x_test, y_test)))
-            bar.set_postfix(loss=f"{float(loss):.3f}", test_acc=f"{accuracies[-1]:.3f}")
+            bar.set_postfix(loss=f"{float(loss):.2e}", test_acc=f"{accuracies[-1]:.3f}")
     losses = np.asarray(jax.device_get(losses))
     final = accuracies[-1]
     elapsed = time.perf_counter() - start

@@ -18,11 +18,15 @@ def _schedule(count):
 # Factories are module-level so that each case's transform keeps the same
 # (hashable, static) factory across calls.
 def _adam_then_rate(learning_rate, b1=0.9):
-    return eqopt.chain(eqopt.scale_by_adam(b1=b1), eqopt.scale_by_learning_rate(learning_rate))
+    return eqopt.chain(
+        eqopt.scale_by_adam(b1=b1), eqopt.scale_by_learning_rate(learning_rate)
+    )
 
 
 def _optax_adam_then_rate(learning_rate, b1=0.9):
-    return optax.chain(optax.scale_by_adam(b1=b1), optax.scale_by_learning_rate(learning_rate))
+    return optax.chain(
+        optax.scale_by_adam(b1=b1), optax.scale_by_learning_rate(learning_rate)
+    )
 
 
 def _matrices(x):
@@ -72,14 +76,22 @@ CASES = [
     ),
     Case(
         "inject_hyperparams-scale_by_adam-hyperparam_dtype",
-        lambda: eqopt.inject_hyperparams(eqopt.scale_by_adam, hyperparam_dtype=jnp.float32)(),
-        lambda: optax.inject_hyperparams(optax.scale_by_adam, hyperparam_dtype=jnp.float32)(),
+        lambda: eqopt.inject_hyperparams(
+            eqopt.scale_by_adam, hyperparam_dtype=jnp.float32
+        )(),
+        lambda: optax.inject_hyperparams(
+            optax.scale_by_adam, hyperparam_dtype=jnp.float32
+        )(),
         needs_params=False,
     ),
     Case(
         "inject_hyperparams-schedule",
-        lambda: eqopt.inject_hyperparams(_adam_then_rate)(learning_rate=_schedule, b1=0.8),
-        lambda: optax.inject_hyperparams(_optax_adam_then_rate)(learning_rate=_schedule, b1=0.8),
+        lambda: eqopt.inject_hyperparams(_adam_then_rate)(
+            learning_rate=_schedule, b1=0.8
+        ),
+        lambda: optax.inject_hyperparams(_optax_adam_then_rate)(
+            learning_rate=_schedule, b1=0.8
+        ),
         ("float32",),
         needs_params=False,
         steps=5,
@@ -107,10 +119,14 @@ CASES = [
     ),
     Case(
         "inject_stateful_hyperparams-schedule",
-        lambda: eqopt.inject_stateful_hyperparams(_adam_then_rate)(learning_rate=_schedule),
+        lambda: eqopt.inject_stateful_hyperparams(_adam_then_rate)(
+            learning_rate=_schedule
+        ),
         # Optax's inject_hyperparams is its stateful one (inject_stateful_hyperparams
         # is a deprecated alias).
-        lambda: optax.inject_hyperparams(_optax_adam_then_rate)(learning_rate=_schedule),
+        lambda: optax.inject_hyperparams(_optax_adam_then_rate)(
+            learning_rate=_schedule
+        ),
         ("float32",),
         needs_params=False,
     ),
@@ -126,3 +142,19 @@ CASES = [
         needs_params=False,
     ),
 ]
+
+if hasattr(eqopt, "adam"):  # the optimiser aliases may land after this file
+    CASES.append(
+        Case(
+            "inject_hyperparams-adam",
+            lambda: eqopt.inject_hyperparams(eqopt.adam)(
+                learning_rate=_schedule, b1=0.8
+            ),
+            lambda: optax.inject_hyperparams(optax.adam)(
+                learning_rate=_schedule, b1=0.8
+            ),
+            ("float32",),
+            needs_params=False,
+            steps=5,
+        )
+    )

@@ -15,7 +15,12 @@ from helpers import assert_tree_allclose
 # Imported under the checking hook so the annotations are enforced here even
 # before `eqopt/__init__.py` imports this module.
 with jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
-    from eqopt._linalg import matrix_inverse_pth_root, nnls, power_iteration, scale_gradient
+    from eqopt._linalg import (
+        matrix_inverse_pth_root,
+        nnls,
+        power_iteration,
+        scale_gradient,
+    )
 
 
 def _psd(size, seed=0):
@@ -116,7 +121,9 @@ def test_scale_gradient_parity(scale):
     x = jnp.array([1.0, -2.0, 3.0])
     f = lambda fn: lambda x: jnp.sum(jnp.sin(fn(x * 2.0, scale)))
     assert_tree_allclose(scale_gradient(x, scale), x)
-    assert_tree_allclose(jax.grad(f(scale_gradient))(x), jax.grad(f(optax.scale_gradient))(x))
+    assert_tree_allclose(
+        jax.grad(f(scale_gradient))(x), jax.grad(f(optax.scale_gradient))(x)
+    )
 
 
 def test_scale_gradient_traced_scale_and_models():

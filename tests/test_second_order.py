@@ -7,7 +7,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jaxtyping
-import numpy as np
 import optax
 import pytest
 from helpers import assert_tree_allclose
@@ -17,10 +16,11 @@ with jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
     from eqopt import second_order
 
 
-def _optax(name, *args):
+def _optax(name, loss, *args):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # optax.second_order is deprecated
-        return getattr(optax.second_order, name)(*args)
+        # Jitted: one compilation is cheaper than Optax's op-by-op dispatch.
+        return jax.jit(getattr(optax.second_order, name), static_argnums=0)(loss, *args)
 
 
 def _mlp_loss(params, inputs, targets):
@@ -50,14 +50,12 @@ def test_hvp_parity(problem):
     assert_tree_allclose(ours, expected)
     # A pytree `v` gives the same product.
     v_tree = ravel_pytree(params)[1](v)
-    assert_tree_allclose(second_order.hvp(_mlp_loss, v_tree, params, inputs, targets), expected)
-    # ... and equals the dense Hessian times v.
-    flat, unravel = ravel_pytree(params)
-    dense = jax.hessian(lambda f: _mlp_loss(unravel(f), inputs, targets))(flat)
-    np.testing.assert_allclose(ravel_pytree(ours)[0], dense @ v, rtol=1e-4, atol=1e-6)
+    assert_tree_allclose(
+        second_order.hvp(_mlp_loss, v_tree, params, inputs, targets), expected
+    )
 
 
-@pytest.mark.parametrize("batch_size", [1, 7, 128])
+@pytest.mark.parametrize("batch_size", [5, 128])
 def test_hessian_diag_parity(problem, batch_size):
     params, inputs, targets = problem
     expected = _optax("hessian_diag", _mlp_loss, params, inputs, targets)
@@ -82,14 +80,22 @@ def test_closed_form_quadratic():
     a = jnp.array([[2.0, 1.0, 0.0], [1.0, 3.0, -1.0], [0.0, -1.0, 4.0]])
     x = jnp.array([0.5, -1.0, 2.0])
     loss = lambda p, _, __: 0.5 * p @ a @ p + jnp.sum(p**3) / 3
-    assert_tree_allclose(second_order.hessian_diag(loss, x, None, None), jnp.diag(a) + 2 * x)
+    assert_tree_allclose(
+        second_order.hessian_diag(loss, x, None, None), jnp.diag(a) + 2 * x
+    )
     v = jnp.array([1.0, 0.0, -2.0])
-    assert_tree_allclose(second_order.hvp(loss, v, x, None, None), (a + jnp.diag(2 * x)) @ v)
-    assert_tree_allclose(second_order.fisher_diag(loss, x, None, None), (a @ x + x**2) ** 2)
+    assert_tree_allclose(
+        second_order.hvp(loss, v, x, None, None), (a + jnp.diag(2 * x)) @ v
+    )
+    assert_tree_allclose(
+        second_order.fisher_diag(loss, x, None, None), (a @ x + x**2) ** 2
+    )
 
 
 def test_equinox_model():
-    model = eqx.nn.MLP(3, 2, 4, 1, activation=jax.nn.softplus, key=jax.random.PRNGKey(2))
+    model = eqx.nn.MLP(
+        3, 2, 4, 1, activation=jax.nn.softplus, key=jax.random.PRNGKey(2)
+    )
     inputs = jax.random.normal(jax.random.PRNGKey(3), (5, 3))
     targets = jax.random.normal(jax.random.PRNGKey(4), (5, 2))
 
@@ -106,13 +112,13 @@ def test_equinox_model():
     expected = _optax("hessian_diag", params_loss, params, inputs, targets)
     assert_tree_allclose(ravel_pytree(diag)[0], expected)
 
-    fisher = second_order.fisher_diag(loss, model, inputs, targets)
+    fisher = eqx.filter_jit(second_order.fisher_diag)(loss, model, inputs, targets)
     expected = _optax("fisher_diag", params_loss, params, inputs, targets)
     assert_tree_allclose(ravel_pytree(fisher)[0], expected)
 
     # `v` may be an eqx.filter_grad gradient (None at non-trainable leaves).
     v = eqx.filter_grad(loss)(model, inputs, targets)
-    product = second_order.hvp(loss, v, model, inputs, targets)
+    product = eqx.filter_jit(second_order.hvp)(loss, v, model, inputs, targets)
     flat_v = ravel_pytree(eqx.filter(v, eqx.is_inexact_array))[0]
     expected = _optax("hvp", params_loss, flat_v, params, inputs, targets)
     assert_tree_allclose(product, expected)

@@ -1,6 +1,7 @@
 """Tests of `eqopt.tree`: parity with `optax.tree`, whole models, `None`, paths, states."""
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -32,6 +33,7 @@ PUBLIC_NAMES = [
 SHAPES = {"a": (3,), "b": {"c": (2, 3), "d": ()}, "e": [(4,)]}
 
 
+@functools.cache
 def make_tree(seed: int, dtype: Any = jnp.float32, positive: bool = False) -> Any:
     """A nested dict/list pytree of fixed random arrays."""
     shapes, treedef = jax.tree.flatten(SHAPES, is_leaf=lambda s: isinstance(s, tuple))
@@ -47,6 +49,7 @@ def make_tree(seed: int, dtype: Any = jnp.float32, positive: bool = False) -> An
     return jax.tree.unflatten(treedef, leaves)
 
 
+@functools.cache
 def make_model(seed: int = 0) -> eqx.nn.MLP:
     """An MLP: array leaves plus `activation` function leaves and int fields."""
     return eqx.nn.MLP(2, 2, 8, 2, key=jax.random.key(seed))
@@ -129,7 +132,6 @@ CASES = [
     Case("full_like-dtype", "full_like", lambda: (x(), 2, jnp.bfloat16)),
     Case("random_like", "random_like", lambda: (key(), x())),
     Case("random_like-new-key", "random_like", lambda: (new_key(), make_tree(0, jnp.bfloat16))),
-    Case("random_like-uniform", "random_like", lambda: (key(), x(), jax.random.uniform)),
     Case("random_like-dtype", "random_like", lambda: (key(), x()), {"dtype": jnp.float16}),
     Case(
         "random_like-rademacher",
@@ -138,7 +140,6 @@ CASES = [
         {"sampler": jax.random.rademacher, "dtype": jnp.int32},
     ),
     Case("split_key_like", "split_key_like", lambda: (key(), x())),
-    Case("split_key_like-new-key", "split_key_like", lambda: (new_key(), x())),
     Case(
         "unwrap_random_key_data",
         "unwrap_random_key_data",
@@ -250,7 +251,7 @@ def _model_args(case: Case, model: eqx.Module, other: eqx.Module) -> tuple[tuple
 
 MODEL_CASES = [
     c for c in CASES
-    if not c.id.startswith(("vdot-complex", "norm-complex", "conj", "real", "dtype-", "unwrap", "update_", "bias_", "div"))
+    if not c.id.startswith(("vdot-complex", "norm-complex", "conj", "real", "dtype-", "unwrap", "update_", "bias_", "div", "random_like"))
     and c.name != "allclose"
 ]  # fmt: skip
 
@@ -398,7 +399,7 @@ def test_shape_error_names_path():
 
 
 def test_non_array_operand_names_path():
-    with pytest.raises(ValueError, match=r"\['a'\].*function"):
+    with pytest.raises(ValueError, match=r"\[.a.\].*got custom_jvp"):
         eqopt.tree.add({"a": jnp.ones(2)}, {"a": jax.nn.relu})
 
 
@@ -412,10 +413,6 @@ def test_mixed_dtype_error_names_path():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="Unsupported ord"):
         eqopt.tree.norm(x(), ord="fro")
-    with pytest.raises(TypeError):  # a type-check error: `scalar` must be a scalar
-        eqopt.tree.scale(jnp.ones(3), x())
-    with pytest.raises(TypeError):
-        eqopt.tree.dtype(x(), "largest")
 
 
 # ---------------------------------------------------------------------------
@@ -578,7 +575,7 @@ def test_map_params_parity_with_optax():
     assert ours == theirs
     ours = eqopt.tree.map_params(opt.init, lambda p: 2 * p, state)
     theirs = optax.tree.map_params(opt.init, lambda p: 2 * p, state)
-    assert tree_allclose(ours, theirs)
+    assert compare(ours, theirs)
 
 
 def test_map_params_on_module_state_with_model():
@@ -621,9 +618,18 @@ def test_map_params_is_leaf():
 
 
 def test_type_annotations_are_checked():
-    # eqopt's import hook wraps every module it imports; the test suite runs with it.
-    if not hasattr(eqopt.tree.add, "__wrapped__"):
+    # eqopt imports its modules under jaxtyping's import hook (DESIGN §7).
+    if not hasattr(eqopt.tree.scale, "__wrapped__"):
         pytest.skip("eqopt.tree was imported outside eqopt's import hook")
+    with pytest.raises(TypeError):  # `scalar` must be a scalar
+        eqopt.tree.scale(jnp.ones(3), x())
+    with pytest.raises(TypeError):
+        eqopt.tree.dtype(x(), "largest")
     with pytest.raises(TypeError):
         eqopt.tree.clip(x(), "low")
-    np.testing.assert_equal(eqopt.tree.size(x()), 13)
+    with pytest.raises(TypeError):
+        eqopt.tree.random_like(jnp.ones(3), x())
+    # Every legitimate scalar is accepted.
+    for value in [2, 2.0, np.float32(2.0), jnp.asarray(2.0), jnp.asarray(2, jnp.int32)]:
+        eqopt.tree.scale(value, x())
+        eqopt.tree.add_scale(x(), value, y())

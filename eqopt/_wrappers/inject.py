@@ -123,7 +123,9 @@ class _CountingSchedule(AbstractStatefulSchedule):
     def init(self) -> ScheduleCountState:
         return ScheduleCountState(count=jnp.zeros([], jnp.int32))
 
-    def update(self, state: ScheduleCountState, **extra_args: Any) -> ScheduleCountState:
+    def update(
+        self, state: ScheduleCountState, **extra_args: Any
+    ) -> ScheduleCountState:
         return ScheduleCountState(count=safe_int32_increment(state.count))
 
     def __call__(self, state: ScheduleCountState, **extra_args: Any) -> Any:
@@ -145,7 +147,9 @@ def _factory_name(factory: Callable) -> str:
 
 def _signature(factory: Callable) -> inspect.Signature:
     if not callable(factory):
-        raise TypeError(f"`inner_factory` must be callable, got {type(factory).__name__}.")
+        raise TypeError(
+            f"`inner_factory` must be callable, got {type(factory).__name__}."
+        )
     try:
         return inspect.signature(factory)
     except (TypeError, ValueError) as error:
@@ -160,8 +164,12 @@ def _static_names(static_args: str | Iterable[str]) -> frozenset[str]:
     return frozenset(static_args)
 
 
-def _check_static_names(factory: Callable, signature: inspect.Signature, names: frozenset[str]) -> None:
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()):
+def _check_static_names(
+    factory: Callable, signature: inspect.Signature, names: frozenset[str]
+) -> None:
+    if any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()
+    ):
         return
     unknown = sorted(names - set(signature.parameters))
     if unknown:
@@ -181,10 +189,22 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _bind(factory: Callable, signature: inspect.Signature, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+def _bind(
+    factory: Callable,
+    signature: inspect.Signature,
+    args: tuple,
+    kwargs: Mapping[str, Any],
+) -> dict[str, Any]:
     """Every argument of the factory by name, defaults included; `**kwargs` entries spread out."""
     parameters = signature.parameters
-    var_keyword = next((p.name for p in parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD), None)
+    var_keyword = next(
+        (
+            p.name
+            for p in parameters.values()
+            if p.kind is inspect.Parameter.VAR_KEYWORD
+        ),
+        None,
+    )
     if var_keyword is None:
         for name in kwargs:
             if name not in parameters:
@@ -195,7 +215,9 @@ def _bind(factory: Callable, signature: inspect.Signature, args: tuple, kwargs: 
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError as error:
-        raise TypeError(f"Cannot call {_factory_name(factory)} with these arguments: {error}.") from None
+        raise TypeError(
+            f"Cannot call {_factory_name(factory)} with these arguments: {error}."
+        ) from None
     bound.apply_defaults()
     arguments = dict(bound.arguments)
     if var_keyword is not None:
@@ -223,7 +245,11 @@ def _sort_arguments(factory, signature, arguments, static_names, *, allow_statef
         elif _is_numeric(value):
             hyperparams[name] = as_hyperparameter(value)
         else:
-            default = parameters[name].default if name in parameters else inspect.Parameter.empty
+            default = (
+                parameters[name].default
+                if name in parameters
+                else inspect.Parameter.empty
+            )
             if value is not None and _is_number(default):
                 raise TypeError(
                     f"Hyperparameter `{name}` of {_factory_name(factory)} must be a number, an "
@@ -234,7 +260,9 @@ def _sort_arguments(factory, signature, arguments, static_names, *, allow_statef
     return hyperparams, schedules, other_args
 
 
-def _call_factory(factory: Callable, arguments: Mapping[str, Any]) -> AbstractGradientTransformation:
+def _call_factory(
+    factory: Callable, arguments: Mapping[str, Any]
+) -> AbstractGradientTransformation:
     """Calls the factory with arguments given by name (positional-only and `*args` included)."""
     signature = inspect.signature(factory)
     parameters = signature.parameters
@@ -263,7 +291,11 @@ def _hyperparam_dtype(fixed: Any, reference: Any) -> Any:
     """`hyperparam_dtype` if given, else the highest real dtype of the trainable leaves."""
     if fixed is not None:
         return fixed
-    dtypes = [jnp.finfo(leaf.dtype).dtype for leaf in jax.tree.leaves(reference) if is_trainable(leaf)]
+    dtypes = [
+        jnp.finfo(leaf.dtype).dtype
+        for leaf in jax.tree.leaves(reference)
+        if is_trainable(leaf)
+    ]
     if not dtypes:
         return jnp.result_type(float)
     dtype = dtypes[0]
@@ -309,26 +341,22 @@ def _check_state_names(transform: Any, hyperparams: Mapping[str, Any]) -> None:
     )
 
 
-def _add_note(error: Exception, factory: Callable) -> Exception:
-    error.add_note(
-        f"(Raised while building {_factory_name(factory)} from the arguments given to "
-        "inject_hyperparams.)"
-    )
-    return error
-
-
 def _check_builds(transform: Any) -> None:
     """Builds the inner transform once from the initial values, so bad input fails now."""
+    dtype = _hyperparam_dtype(transform.hyperparam_dtype, None)
     try:
-        transform._build(transform._initial_values(_hyperparam_dtype(transform.hyperparam_dtype, None))[0])
+        transform._build(transform._initial_values(dtype)[0])
     except Exception as error:
-        raise _add_note(error, transform.inner_factory)
+        error.add_note(
+            f"(Raised while building {_factory_name(transform.inner_factory)} from the "
+            "arguments given to inject_hyperparams.)"
+        )
+        raise
 
 
 # ---------------------------------------------------------------------------
 # inject_hyperparams
 # ---------------------------------------------------------------------------
-
 
 
 class InjectHyperparamsState(eqx.Module):
@@ -337,7 +365,10 @@ class InjectHyperparamsState(eqx.Module):
     - `count`: the number of updates so far.
     - `hyperparams`: the value of every numeric hyperparameter, scheduled ones
       included, as used by the latest update (after `init`: at step 0). Replace
-      an entry to change the hyperparameter from the next update on.
+      an entry to change the hyperparameter from the next update on, either in
+      place as in Optax (`state.hyperparams["learning_rate"] = jnp.float32(1e-4)`)
+      or with `eqx.tree_at`. Give a JAX array of the same dtype: a Python float
+      is a static value to `eqx.filter_jit`, so it recompiles once.
     - `inner_state`: the state of the inner transform.
     """
 
@@ -437,9 +468,14 @@ class InjectHyperparams(AbstractGradientTransformation):
 
     def _initial_values(self, dtype: Any) -> tuple[dict[str, Array], None]:
         count = jnp.zeros([], jnp.int32)
-        values = {k: _state_value(k, v, dtype, "initial value") for k, v in self.hyperparams.items()}
+        values = {
+            k: _state_value(k, v, dtype, "initial value")
+            for k, v in self.hyperparams.items()
+        }
         for name, schedule in self.schedules.items():
-            values[name] = _state_value(name, schedule(count), dtype, "value of its schedule")
+            values[name] = _state_value(
+                name, schedule(count), dtype, "value of its schedule"
+            )
         return values, None
 
     @property
@@ -448,25 +484,35 @@ class InjectHyperparams(AbstractGradientTransformation):
         return bool(self._build(values).elementwise)
 
     def init(self, params: Params) -> InjectHyperparamsState:
-        values, _ = self._initial_values(_hyperparam_dtype(self.hyperparam_dtype, params))
+        values, _ = self._initial_values(
+            _hyperparam_dtype(self.hyperparam_dtype, params)
+        )
         return InjectHyperparamsState(
             count=jnp.zeros([], jnp.int32),
             hyperparams=values,
             inner_state=self._build(values).init(params),
         )
 
-    def update(self, updates: Updates, state: InjectHyperparamsState,
-               params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, InjectHyperparamsState]:
+    def update(
+        self,
+        updates: Updates,
+        state: InjectHyperparamsState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, InjectHyperparamsState]:
         _check_state_names(self, state.hyperparams)
-        dtype = _hyperparam_dtype(self.hyperparam_dtype, updates if params is None else params)
+        dtype = _hyperparam_dtype(
+            self.hyperparam_dtype, updates if params is None else params
+        )
         values = {
             k: _state_value(k, v, dtype, "in `state.hyperparams`")
             for k, v in state.hyperparams.items()
             if k not in self.schedules
         }
         for name, schedule in self.schedules.items():
-            values[name] = _state_value(name, schedule(state.count), dtype, "value of its schedule")
+            values[name] = _state_value(
+                name, schedule(state.count), dtype, "value of its schedule"
+            )
         updates, inner_state = self._build(values).update(
             updates, state.inner_state, params, **extra_args
         )
@@ -555,7 +601,10 @@ class InjectStatefulHyperparams(AbstractGradientTransformation):
         return _call_factory(self.inner_factory, {**self.other_args, **values})
 
     def _initial_values(self, dtype: Any) -> tuple[dict[str, Array], dict[str, Any]]:
-        values = {k: _state_value(k, v, dtype, "initial value") for k, v in self.hyperparams.items()}
+        values = {
+            k: _state_value(k, v, dtype, "initial value")
+            for k, v in self.hyperparams.items()
+        }
         schedule_states = {}
         for name, schedule in self.schedules.items():
             schedule = _as_stateful(schedule)
@@ -581,11 +630,17 @@ class InjectStatefulHyperparams(AbstractGradientTransformation):
             inner_state=self._build(values).init(params),
         )
 
-    def update(self, updates: Updates, state: InjectStatefulHyperparamsState,
-               params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, InjectStatefulHyperparamsState]:
+    def update(
+        self,
+        updates: Updates,
+        state: InjectStatefulHyperparamsState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, InjectStatefulHyperparamsState]:
         _check_state_names(self, state.hyperparams)
-        dtype = _hyperparam_dtype(self.hyperparam_dtype, updates if params is None else params)
+        dtype = _hyperparam_dtype(
+            self.hyperparam_dtype, updates if params is None else params
+        )
         values = {
             k: _state_value(k, v, dtype, "in `state.hyperparams`")
             for k, v in state.hyperparams.items()
@@ -596,7 +651,10 @@ class InjectStatefulHyperparams(AbstractGradientTransformation):
             schedule = _as_stateful(schedule)
             schedule_state = state.hyperparams_states[name]
             values[name] = _state_value(
-                name, schedule(schedule_state, **extra_args), dtype, "value of its schedule"
+                name,
+                schedule(schedule_state, **extra_args),
+                dtype,
+                "value of its schedule",
             )
             schedule_states[name] = schedule.update(schedule_state, **extra_args)
         updates, inner_state = self._build(values).update(
@@ -638,7 +696,9 @@ def inject_hyperparams(
     signature = _signature(inner_factory)
     _check_static_names(inner_factory, signature, _static_names(static_args))
 
-    def make(*args: Any, **kwargs: Any) -> InjectHyperparams | InjectStatefulHyperparams:
+    def make(
+        *args: Any, **kwargs: Any
+    ) -> InjectHyperparams | InjectStatefulHyperparams:
         arguments = _bind(inner_factory, signature, args, kwargs)
         static_names = _static_names(static_args)
         stateful = any(
@@ -648,7 +708,7 @@ def inject_hyperparams(
         cls = InjectStatefulHyperparams if stateful else InjectHyperparams
         return cls(inner_factory, args, kwargs, static_args, hyperparam_dtype)
 
-    return functools.wraps(inner_factory)(make)
+    return functools.wraps(inner_factory, updated=())(make)
 
 
 def inject_stateful_hyperparams(
@@ -668,7 +728,8 @@ def inject_stateful_hyperparams(
     _check_static_names(inner_factory, signature, _static_names(static_args))
 
     def make(*args: Any, **kwargs: Any) -> InjectStatefulHyperparams:
-        return InjectStatefulHyperparams(inner_factory, args, kwargs, static_args, hyperparam_dtype)
+        return InjectStatefulHyperparams(
+            inner_factory, args, kwargs, static_args, hyperparam_dtype
+        )
 
-    return functools.wraps(inner_factory)(make)
-
+    return functools.wraps(inner_factory, updated=())(make)

@@ -34,7 +34,9 @@ def _solve(cost: Array) -> Array:
             return assigned_row[column] != 0
 
         def grow_tree(state):
-            row_potential, column_potential, assigned_row, slack, used, via, column = state
+            row_potential, column_potential, assigned_row, slack, used, via, column = (
+                state
+            )
             used = used.at[column].set(True)
             current_row = assigned_row[column]
             reduced = (
@@ -51,10 +53,17 @@ def _solve(cost: Array) -> Array:
             delta = free_slack[next_column - 1]
             rows_in_tree = jnp.where(used, assigned_row, out_of_range)
             row_potential = row_potential.at[rows_in_tree].add(delta, mode="drop")
-            column_potential = jnp.where(used, column_potential - delta, column_potential)
+            column_potential = jnp.where(
+                used, column_potential - delta, column_potential
+            )
             slack = slack.at[1:].set(jnp.where(free, slack[1:] - delta, slack[1:]))
             return (
-                row_potential, column_potential, assigned_row, slack, used, via,
+                row_potential,
+                column_potential,
+                assigned_row,
+                slack,
+                used,
+                via,
                 next_column,
             )
 
@@ -101,7 +110,11 @@ def _column_for_row(assigned_row: Array, n: int) -> Array:
     """Inverts `assigned_row` to the column matched to each of the `n` rows."""
     m = assigned_row.shape[0] - 1
     rows = jnp.where(assigned_row[1:] > 0, assigned_row[1:] - 1, n)
-    return jnp.zeros(n, jnp.int32).at[rows].set(jnp.arange(m, dtype=jnp.int32), mode="drop")
+    return (
+        jnp.zeros(n, jnp.int32)
+        .at[rows]
+        .set(jnp.arange(m, dtype=jnp.int32), mode="drop")
+    )
 
 
 def _empty() -> tuple[Array, Array]:

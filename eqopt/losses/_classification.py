@@ -196,7 +196,7 @@ def sigmoid_binary_cross_entropy(
 
     A label of exactly 0 or 1 drops the other term, so a logit of $\pm\infty$
     on the side of its label gives loss 0 and gradient 0 (Optax gives NaN).
-    `labels` must have exactly the shape of `logits`.
+    `labels` must have exactly the shape of `logits` (Optax broadcasts them).
 
     **Arguments:**
 
@@ -234,7 +234,8 @@ def sigmoid_focal_loss(
     which is $-\alpha_t (1 - p_t)^\gamma \log p_t$ for hard labels. The factor
     $(1 - p_t)^\gamma$ is computed as $\exp(\gamma \log(1 - p_t))$ from
     log-sigmoids, so its gradient is finite for $\gamma < 1$ and for confident
-    predictions. No axis is reduced.
+    predictions. No axis is reduced; `labels` must have exactly the shape of
+    `logits` (Optax broadcasts them).
 
     **Arguments:**
 
@@ -281,14 +282,15 @@ def poly_loss_cross_entropy(
 ) -> Float[Array, "..."]:
     r"""The Poly-1 loss: softmax cross-entropy plus a first-order polynomial term.
 
-    With $p = \operatorname{softmax}(x)$ and $p_t = \sum_c y_c p_c$ the
-    probability given to the target,
+    With $p = \operatorname{softmax}(x)$,
 
-    $$ \ell(x, y) = -\sum_c y_c \log p_c + \epsilon\,(1 - p_t) $$
+    $$ \ell(x, y) = -\sum_c y_c \log p_c + \epsilon \sum_c y_c (1 - p_c) $$
 
-    Cross-entropy expands as $\sum_{j \ge 1} \frac1j (1 - p_t)^j$; Poly-1 shifts
-    the first coefficient by $\epsilon$. The sums run over `axis` and over the
-    classes selected by `where`; a slice with none selected has loss 0.
+    For labels summing to 1 the second term is $\epsilon(1 - p_t)$, with
+    $p_t = \sum_c y_c p_c$ the probability given to the target. Cross-entropy
+    expands as $\sum_{j \ge 1} \frac1j (1 - p_t)^j$; Poly-1 shifts the first
+    coefficient by $\epsilon$. The sums run over `axis` and over the classes
+    selected by `where`; a slice with none selected has loss 0.
 
     **Arguments:**
 
@@ -314,13 +316,11 @@ def poly_loss_cross_entropy(
     axes = normalize_axes(axis, logits.ndim)
     where = expand_where(where, logits.shape, axes, allow_batch_shape=False)
     cross_entropy, log_probs = cross_entropy_terms(logits, labels, axes, where)
-    target_probs = labels * jnp.exp(log_probs)
+    # sum_c y_c (1 - p_c): equal to 1 - p_t for labels that sum to 1.
+    missed = labels * (1 - jnp.exp(log_probs))
     if where is not None:
-        target_probs = jnp.where(where, target_probs, 0)
-    one_minus_pt = 1 - jnp.sum(target_probs, axis=axes)
-    if where is not None:
-        one_minus_pt = jnp.where(jnp.any(where, axis=axes), one_minus_pt, 0)
-    return cross_entropy + epsilon * one_minus_pt
+        missed = jnp.where(where, missed, 0)
+    return cross_entropy + epsilon * jnp.sum(missed, axis=axes)
 
 
 def smooth_labels(
@@ -379,6 +379,9 @@ def hinge_loss(
 
     $$ \ell(s, y) = \max(0,\ 1 - y s), \qquad y \in \{-1, 1\} $$
 
+    No axis is reduced; `targets` must have exactly the shape of
+    `predictor_outputs` (Optax broadcasts them).
+
     **Arguments:**
 
     - `predictor_outputs`: the scores $s$ of a decision function.
@@ -404,6 +407,9 @@ def perceptron_loss(
     r"""The elementwise binary perceptron loss.
 
     $$ \ell(s, y) = \max(0,\ -y s), \qquad y \in \{-1, 1\} $$
+
+    No axis is reduced; `targets` must have exactly the shape of
+    `predictor_outputs`.
 
     **Arguments:**
 

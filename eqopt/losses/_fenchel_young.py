@@ -100,7 +100,8 @@ def sparsemax_loss(
 
     which is zero exactly when the sparse sigmoid of $x$ equals $y$. The second
     form is used, so logits of $\pm\infty$ on the side of the label give 0. No
-    axis is reduced.
+    axis is reduced; `labels` must have exactly the shape of `logits` (Optax
+    broadcasts them).
 
     **Arguments:**
 
@@ -126,7 +127,9 @@ def _sparsemax_threshold(scores):
     num_classes = scores.shape[-1]
     descending = -jnp.sort(-scores, axis=-1)
     partial_sums = jnp.cumsum(descending, axis=-1)
-    ranks = jnp.arange(1, num_classes + 1, dtype=scores.dtype)
+    ranks = jnp.broadcast_to(
+        jnp.arange(1, num_classes + 1, dtype=scores.dtype), scores.shape
+    )
     in_support = 1 + ranks * descending > partial_sums
     support_size = jnp.sum(in_support, axis=-1, keepdims=True)
     support_sum = jnp.take_along_axis(partial_sums, support_size - 1, axis=-1)

@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float, Real
 
-from ._utils import expand_where, normalize_axes, safe_norm
+from ._utils import expand_where, normalize_axes
 
 
 def _difference(
@@ -24,11 +24,7 @@ def squared_error(
     $$ \ell(\hat y, y) = (\hat y - y)^2 $$
 
     The mean squared error is `squared_error(predictions, targets).mean()`. No
-    axis is reduced.
-
-    Unlike Optax, `targets` must have exactly the shape of `predictions`: a
-    `(batch, 1)` prediction against `(batch,)` targets is an error here, not a
-    silent `(batch, batch)` broadcast. Broadcast explicitly if that is meant.
+    axis is reduced. `targets` must have exactly the shape of `predictions`.
 
     **Arguments:**
 
@@ -55,8 +51,7 @@ def l2_loss(
     $$ \ell(\hat y, y) = \tfrac{1}{2} (\hat y - y)^2 $$
 
     The factor $\tfrac12$ makes the gradient the plain residual $\hat y - y$.
-    No axis is reduced; `targets` must have the shape of `predictions` (see
-    [`eqopt.losses.squared_error`][]).
+    No axis is reduced; `targets` must have exactly the shape of `predictions`.
 
     **Arguments:**
 
@@ -88,7 +83,12 @@ def huber_loss(
        \delta\,(|r| - \tfrac12 \delta) & |r| > \delta \end{cases} $$
 
     Its gradient is the residual clipped to $[-\delta, \delta]$. No axis is
-    reduced; `targets` must have the shape of `predictions`.
+    reduced.
+
+    `targets` must have exactly the shape of `predictions`: a `(batch, 1)`
+    prediction against `(batch,)` targets is an error here, where Optax
+    silently broadcasts to `(batch, batch)`. Broadcast explicitly if that is
+    meant.
 
     **Arguments:**
 
@@ -123,7 +123,8 @@ def log_cosh(
     It behaves like $\tfrac12 r^2$ for small errors and like $|r| - \log 2$ for
     large ones, and is twice differentiable. It is computed as
     $\operatorname{logaddexp}(r, -r) - \log 2$, which does not overflow. No axis
-    is reduced; `targets` must have the shape of `predictions`.
+    is reduced; `targets` must have exactly the shape of `predictions` (Optax
+    broadcasts them).
 
     **Arguments:**
 
@@ -143,6 +144,13 @@ def log_cosh(
     return jnp.logaddexp(residual, -residual) - jnp.log(2.0).astype(residual.dtype)
 
 
+def _floored_norm(x, axes, epsilon):
+    """$\\sqrt{\\max(\\|x\\|^2, \\epsilon)}$, with a zero gradient where it is zero."""
+    squared = jnp.maximum(jnp.sum(jnp.square(x), axis=axes), epsilon)
+    positive = squared > 0
+    return jnp.where(positive, jnp.sqrt(jnp.where(positive, squared, 1)), 0)
+
+
 def cosine_similarity(
     predictions: Float[ArrayLike, "*shape"],
     targets: Float[ArrayLike, "*shape"],
@@ -154,10 +162,10 @@ def cosine_similarity(
     r"""The cosine of the angle between predicted and target vectors.
 
     $$ \cos(\hat y, y) = \frac{\langle \hat y, y \rangle}
-       {\max(\|\hat y\|, \epsilon)\,\max(\|y\|, \epsilon)} $$
+       {\sqrt{\max(\|\hat y\|^2, \epsilon)}\,\sqrt{\max(\|y\|^2, \epsilon)}} $$
 
     The inner product and norms run over `axis` and over the entries selected
-    by `where`.
+    by `where`. As in Optax, `epsilon` floors the *squared* norms.
 
     Where a norm in the denominator is zero (a zero vector with `epsilon=0`, or
     a `where` that selects nothing), the similarity is 0 and its gradient is
@@ -167,7 +175,7 @@ def cosine_similarity(
 
     - `predictions`: the predicted vectors, a floating array.
     - `targets`: the target vectors, of the same shape.
-    - `epsilon`: the least value of each norm in the denominator.
+    - `epsilon`: the least value of each squared norm in the denominator.
     - `axis`: the axis or axes holding the vector components (`None`: all).
     - `where`: a boolean mask of the shape of `predictions`; only the selected
       components count.
@@ -189,8 +197,8 @@ def cosine_similarity(
         predictions = jnp.where(where, predictions, 0)
         targets = jnp.where(where, targets, 0)
     inner = jnp.sum(predictions * targets, axis=axes)
-    denominator = jnp.maximum(safe_norm(predictions, axes), epsilon) * jnp.maximum(
-        safe_norm(targets, axes), epsilon
+    denominator = _floored_norm(predictions, axes, epsilon) * _floored_norm(
+        targets, axes, epsilon
     )
     positive = denominator > 0
     return jnp.where(positive, inner / jnp.where(positive, denominator, 1), 0)
@@ -207,7 +215,7 @@ def cosine_distance(
     r"""One minus the cosine similarity between predicted and target vectors.
 
     $$ d(\hat y, y) = 1 - \frac{\langle \hat y, y \rangle}
-       {\max(\|\hat y\|, \epsilon)\,\max(\|y\|, \epsilon)} $$
+       {\sqrt{\max(\|\hat y\|^2, \epsilon)}\,\sqrt{\max(\|y\|^2, \epsilon)}} $$
 
     It lies in $[0, 2]$. Zero norms are handled as in
     [`eqopt.losses.cosine_similarity`][] (distance 1, finite gradient).
@@ -216,7 +224,7 @@ def cosine_distance(
 
     - `predictions`: the predicted vectors, a floating array.
     - `targets`: the target vectors, of the same shape.
-    - `epsilon`: the least value of each norm in the denominator.
+    - `epsilon`: the least value of each squared norm in the denominator.
     - `axis`: the axis or axes holding the vector components (`None`: all).
     - `where`: a boolean mask of the shape of `predictions`; only the selected
       components count.

@@ -55,7 +55,7 @@ def _dice(
 ):
     losses = _per_class_dice(probabilities, targets, axis, smooth, alpha, beta)
     if class_weights is not None:
-        losses = losses * jnp.asarray(class_weights)
+        losses = losses * jnp.broadcast_to(jnp.asarray(class_weights), losses.shape)
     if ignore_background:
         if losses.shape[-1] < 2:
             raise ValueError("`ignore_background=True` needs at least two classes.")

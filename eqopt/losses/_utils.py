@@ -126,15 +126,6 @@ def safe_logaddexp(
     return jnp.where(both, -jnp.inf, result)
 
 
-def safe_norm(
-    x: Float[Array, "..."], axes: tuple[int, ...], keepdims: bool = False
-) -> Float[Array, "..."]:
-    """The Euclidean norm over `axes`, with a zero (not NaN) gradient at zero."""
-    squared = jnp.sum(jnp.square(x), axis=axes, keepdims=keepdims)
-    positive = squared > 0
-    return jnp.where(positive, jnp.sqrt(jnp.where(positive, squared, 1)), 0)
-
-
 def as_float(
     x: Shaped[ArrayLike, "..."], like: Float[Array, "..."]
 ) -> Float[Array, "..."]:

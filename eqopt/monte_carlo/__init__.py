@@ -3,16 +3,16 @@ control variates for them (the `optax.monte_carlo` of older Optax releases)."""
 
 from ._control_variates import (
     AbstractControlVariate as AbstractControlVariate,
+    ControlDeltaMethod as ControlDeltaMethod,
+    MovingAvgBaseline as MovingAvgBaseline,
     control_delta_method as control_delta_method,
     control_variates_jacobians as control_variates_jacobians,
-    ControlDeltaMethod as ControlDeltaMethod,
     estimate_control_variate_coefficients as estimate_control_variate_coefficients,
     moving_avg_baseline as moving_avg_baseline,
-    MovingAvgBaseline as MovingAvgBaseline,
 )
 from ._distributions import (
-    multi_normal as multi_normal,
     MultiNormalDiagFromLogScale as MultiNormalDiagFromLogScale,
+    multi_normal as multi_normal,
 )
 from ._estimators import (
     measure_valued_estimation_mean as measure_valued_estimation_mean,

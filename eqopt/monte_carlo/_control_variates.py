@@ -213,7 +213,9 @@ class MovingAvgBaseline(AbstractControlVariate):
         decay = self.decay
         if self.use_decay_early_training_heuristic:
             decay = jnp.minimum(decay, (1.0 + count) / (10.0 + count))
-        new_value = decay * value + (1 - decay) * jnp.mean(jax.vmap(self.function)(samples))
+        new_value = decay * value + (1 - decay) * jnp.mean(
+            jax.vmap(self.function)(samples)
+        )
         if self.zero_debias:
             correction = 1 - decay ** (count + 1)
             new_value = new_value / jnp.where(correction == 0, 1, correction)
@@ -265,7 +267,9 @@ def moving_avg_baseline(
     **References:** R. J. Williams, *Simple statistical gradient-following
     algorithms for connectionist reinforcement learning*, Machine Learning 8, 1992.
     """
-    return MovingAvgBaseline(function, decay, zero_debias, use_decay_early_training_heuristic)
+    return MovingAvgBaseline(
+        function, decay, zero_debias, use_decay_early_training_heuristic
+    )
 
 
 #: Builds a control variate from $f$, such as `control_delta_method`.
@@ -334,7 +338,9 @@ def estimate_control_variate_coefficients(
 
     def coefficient(cv_jacobian, function_jacobian):
         cv_centred = cv_jacobian - jnp.mean(cv_jacobian, axis=0, keepdims=True)
-        f_centred = function_jacobian - jnp.mean(function_jacobian, axis=0, keepdims=True)
+        f_centred = function_jacobian - jnp.mean(
+            function_jacobian, axis=0, keepdims=True
+        )
         covariance = jnp.mean(f_centred * cv_centred, axis=0)
         variance = jnp.var(cv_jacobian, axis=0)
         return jax.lax.stop_gradient(jnp.sum(covariance) / (jnp.sum(variance) + eps))
@@ -414,7 +420,9 @@ def control_variates_jacobians(
     else:
         coefficients = [1.0] * len(params)
 
-    function_jacobians = grad_estimator(function, params, dist_builder, rng, num_samples)
+    function_jacobians = grad_estimator(
+        function, params, dist_builder, rng, num_samples
+    )
 
     # The same key as the estimator, hence the same samples.
     samples = dist_builder(*params).sample((num_samples,), seed=rng)

@@ -87,7 +87,7 @@ def multi_normal(
 
     $$ \mathcal N\big(\text{loc},\ \operatorname{diag}(e^{2\,\text{log\_scale}})\big) $$
 
-    This is the `dist_builder` the estimators in [`eqopt.monte_carlo`][] expect:
+    This is the `dist_builder` the estimators in `eqopt.monte_carlo` expect:
     they call `multi_normal(*params)` with `params = [loc, log_scale]`.
 
     **Arguments:**

@@ -161,7 +161,7 @@ def measure_valued_estimation_mean(
     rng: PRNGKeyArray,
     num_samples: int,
     coupling: bool = True,
-) -> Float[Array, "num_samples *shape"]:
+) -> Float[Array, " num_samples *shape"]:
     r"""Estimates the gradient of a Gaussian expectation with respect to the mean, by measure-valued derivatives.
 
     The derivative of $\mathcal N(x_d;\mu_d,\sigma_d^2)$ in $\mu_d$ is a
@@ -197,7 +197,10 @@ def measure_valued_estimation_mean(
     samples = dist.sample((num_samples,), seed=rng)
     positive_key, negative_key = jax.random.split(rng)
     weibull = lambda key: jax.random.weibull_min(
-        key, scale=jnp.sqrt(2.0), concentration=2.0, shape=samples.shape,
+        key,
+        scale=jnp.sqrt(2.0),
+        concentration=2.0,
+        shape=samples.shape,
         dtype=samples.dtype,
     )
     positive_draw = weibull(positive_key)
@@ -216,7 +219,7 @@ def measure_valued_estimation_std(
     rng: PRNGKeyArray,
     num_samples: int,
     coupling: bool = True,
-) -> Float[Array, "num_samples *shape"]:
+) -> Float[Array, " num_samples *shape"]:
     r"""Estimates the gradient of a Gaussian expectation with respect to the standard deviation, by measure-valued derivatives.
 
     The derivative of $\mathcal N(x_d;\mu_d,\sigma_d^2)$ in $\sigma_d$ is

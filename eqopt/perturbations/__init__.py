@@ -4,7 +4,7 @@ inputs (Optax's `optax.perturbations`)."""
 from ._perturbed import (
     AbstractNoiseDistribution as AbstractNoiseDistribution,
     Gumbel as Gumbel,
-    make_perturbed_fun as make_perturbed_fun,
     Normal as Normal,
     PerturbedFunction as PerturbedFunction,
+    make_perturbed_fun as make_perturbed_fun,
 )

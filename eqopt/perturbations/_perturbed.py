@@ -1,7 +1,7 @@
 """Smoothing a function by random perturbations of its input (Berthet et al., 2020)."""
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -25,7 +25,7 @@ class AbstractNoiseDistribution(eqx.Module):
     def sample(
         self,
         key: PRNGKeyArray,
-        sample_shape: tuple[int, ...] = (),
+        sample_shape: Sequence[int] = (),
         dtype: DTypeLike = float,
     ) -> Float[Array, "..."]:
         """Draws independent samples.
@@ -60,10 +60,10 @@ class Normal(AbstractNoiseDistribution):
     def sample(
         self,
         key: PRNGKeyArray,
-        sample_shape: tuple[int, ...] = (),
+        sample_shape: Sequence[int] = (),
         dtype: DTypeLike = float,
     ) -> Float[Array, "..."]:
-        return jax.random.normal(key, sample_shape, dtype)
+        return jax.random.normal(key, tuple(sample_shape), dtype)
 
     def log_prob(self, inputs: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
         return -0.5 * jnp.square(inputs)
@@ -81,10 +81,10 @@ class Gumbel(AbstractNoiseDistribution):
     def sample(
         self,
         key: PRNGKeyArray,
-        sample_shape: tuple[int, ...] = (),
+        sample_shape: Sequence[int] = (),
         dtype: DTypeLike = float,
     ) -> Float[Array, "..."]:
-        return jax.random.gumbel(key, sample_shape, dtype)
+        return jax.random.gumbel(key, tuple(sample_shape), dtype)
 
     def log_prob(self, inputs: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
         return -inputs - jnp.exp(-inputs)
@@ -143,7 +143,7 @@ class PerturbedFunction(eqx.Module):
             raise ValueError("`inputs` has no inexact-array leaves to perturb.")
         sigma = self.sigma
         if self.use_baseline:
-            baseline = self.fun(jax.lax.stop_gradient(inputs))
+            baseline = self.fun(eqx.combine(jax.lax.stop_gradient(dynamic), static))
 
         def one_sample(sample_key):
             leaf_keys = jax.random.split(sample_key, len(leaves))
@@ -156,10 +156,14 @@ class PerturbedFunction(eqx.Module):
             )
             # The noise recovered from the (constant) perturbed point depends on x
             # and sigma, which is what carries the score-function derivative.
-            recovered = [(y - x) / sigma for x, y in zip(leaves, perturbed, strict=True)]
+            recovered = [
+                (y - x) / sigma for x, y in zip(leaves, perturbed, strict=True)
+            ]
             log_prob = sum(jnp.sum(self.noise.log_prob(z)) for z in recovered)
             box = _magic_box(log_prob)
-            output = self.fun(eqx.combine(jax.tree.unflatten(treedef, perturbed), static))
+            output = self.fun(
+                eqx.combine(jax.tree.unflatten(treedef, perturbed), static)
+            )
             if self.use_baseline:
                 return jax.tree.map(
                     lambda y, b: box * y + (1 - box) * b if eqx.is_array(y) else y,

@@ -89,6 +89,26 @@ class AbstractSchedule(eqx.Module):
     Subclasses implement `__call__`. A plain Python callable is turned into a
     schedule by [`eqopt.schedules.WrappedSchedule`][] (or
     [`eqopt.schedules.as_schedule`][]).
+
+    !!! example
+
+        ```python
+        schedule = eqopt.schedules.warmup_cosine_decay_schedule(
+            init_value=0.0, peak_value=1e-3, warmup_steps=100, decay_steps=10_000
+        )
+        print(schedule)  # WarmupCosineDecaySchedule(init_value=0.0, peak_value=0.001, ...)
+
+        @eqx.filter_jit
+        def value_at(schedule, count):
+            return schedule(count)
+
+        value_at(schedule, jnp.array(500))
+        # A new peak is a new leaf value, not a recompile. Give it as a JAX array
+        # (`jnp.asarray(2e-3)` is weakly typed, like the original): a Python float
+        # leaf would be static under `filter_jit`.
+        schedule = eqx.tree_at(lambda s: s.peak_value, schedule, jnp.asarray(2e-3))
+        value_at(schedule, jnp.array(500))
+        ```
     """
 
     @abc.abstractmethod
@@ -137,10 +157,14 @@ class ConstantSchedule(AbstractSchedule):
 
 
 def constant_schedule(value: Real[ArrayLike, ""]) -> ConstantSchedule:
-    """Returns a [`eqopt.schedules.ConstantSchedule`][] holding `value` at every step.
+    """A schedule holding `value` at every step (Optax's spelling).
 
-    Optax spelling of [`eqopt.schedules.ConstantSchedule`][]. Unlike Optax, the
-    value is returned as a floating-point array (Optax returns `value` itself).
+    Builds a [`eqopt.schedules.ConstantSchedule`][]. Unlike Optax's, it returns
+    the value as a floating-point array (Optax returns `value` itself).
+
+    **Returns:**
+
+    A [`eqopt.schedules.ConstantSchedule`][].
     """
     return ConstantSchedule(value=value)
 

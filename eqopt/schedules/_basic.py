@@ -6,7 +6,9 @@ from jaxtyping import Array, ArrayLike, Float, Real
 from ._base import AbstractSchedule, check_finite, hyperparameter, static_steps
 
 
-def _polynomial(init_value, end_value, power, transition_steps, transition_begin, count):
+def _polynomial(
+    init_value, end_value, power, transition_steps, transition_begin, count
+):
     # `power=None` is the linear case, kept free of a `pow`.
     if transition_steps <= 0:
         return init_value
@@ -20,7 +22,9 @@ def _polynomial(init_value, end_value, power, transition_steps, transition_begin
 
 
 def _linear(init_value, end_value, transition_steps, transition_begin, count):
-    return _polynomial(init_value, end_value, None, transition_steps, transition_begin, count)
+    return _polynomial(
+        init_value, end_value, None, transition_steps, transition_begin, count
+    )
 
 
 class PolynomialSchedule(AbstractSchedule):
@@ -73,10 +77,14 @@ def polynomial_schedule(
     transition_steps: int,
     transition_begin: int = 0,
 ) -> PolynomialSchedule:
-    """Returns a [`eqopt.schedules.PolynomialSchedule`][].
+    """A polynomial transition from `init_value` to `end_value` (Optax's spelling).
 
-    Optax spelling of [`eqopt.schedules.PolynomialSchedule`][], with the same
-    arguments and defaults.
+    Builds a [`eqopt.schedules.PolynomialSchedule`][]; the arguments, their names
+    and defaults are Optax's, and the class documents them.
+
+    **Returns:**
+
+    A [`eqopt.schedules.PolynomialSchedule`][].
     """
     return PolynomialSchedule(
         init_value=init_value,
@@ -133,10 +141,14 @@ def linear_schedule(
     transition_steps: int,
     transition_begin: int = 0,
 ) -> LinearSchedule:
-    """Returns a [`eqopt.schedules.LinearSchedule`][].
+    """A linear transition from `init_value` to `end_value` (Optax's spelling).
 
-    Optax spelling of [`eqopt.schedules.LinearSchedule`][], with the same
-    arguments and defaults.
+    Builds a [`eqopt.schedules.LinearSchedule`][]; the arguments, their names and
+    defaults are Optax's, and the class documents them.
+
+    **Returns:**
+
+    A [`eqopt.schedules.LinearSchedule`][].
     """
     return LinearSchedule(
         init_value=init_value,
@@ -185,10 +197,14 @@ def warmup_constant_schedule(
     peak_value: Real[ArrayLike, ""],
     warmup_steps: int,
 ) -> WarmupConstantSchedule:
-    """Returns a [`eqopt.schedules.WarmupConstantSchedule`][].
+    """A linear warmup to `peak_value`, then constant (Optax's spelling).
 
-    Optax spelling of [`eqopt.schedules.WarmupConstantSchedule`][], with the same
-    arguments.
+    Builds a [`eqopt.schedules.WarmupConstantSchedule`][]; the arguments, their
+    names and defaults are Optax's, and the class documents them.
+
+    **Returns:**
+
+    A [`eqopt.schedules.WarmupConstantSchedule`][].
     """
     return WarmupConstantSchedule(
         init_value=init_value, peak_value=peak_value, warmup_steps=warmup_steps

@@ -74,10 +74,14 @@ def cosine_decay_schedule(
     alpha: Real[ArrayLike, ""] = 0.0,
     exponent: Real[ArrayLike, ""] = 1.0,
 ) -> CosineDecaySchedule:
-    """Returns a [`eqopt.schedules.CosineDecaySchedule`][].
+    """Cosine decay of `init_value` over `decay_steps` steps (Optax's spelling).
 
-    Optax spelling of [`eqopt.schedules.CosineDecaySchedule`][], with the same
-    arguments and defaults.
+    Builds a [`eqopt.schedules.CosineDecaySchedule`][]; the arguments, their names
+    and defaults are Optax's, and the class documents them.
+
+    **Returns:**
+
+    A [`eqopt.schedules.CosineDecaySchedule`][].
     """
     return CosineDecaySchedule(
         init_value=init_value, decay_steps=decay_steps, alpha=alpha, exponent=exponent
@@ -161,10 +165,14 @@ def warmup_cosine_decay_schedule(
     end_value: Real[ArrayLike, ""] = 0.0,
     exponent: Real[ArrayLike, ""] = 1.0,
 ) -> WarmupCosineDecaySchedule:
-    """Returns a [`eqopt.schedules.WarmupCosineDecaySchedule`][].
+    """A linear warmup, then cosine decay to `end_value` (Optax's spelling).
 
-    Optax spelling of [`eqopt.schedules.WarmupCosineDecaySchedule`][], with the
-    same arguments and defaults.
+    Builds a [`eqopt.schedules.WarmupCosineDecaySchedule`][]; the arguments, their
+    names and defaults are Optax's, and the class documents them.
+
+    **Returns:**
+
+    A [`eqopt.schedules.WarmupCosineDecaySchedule`][].
     """
     return WarmupCosineDecaySchedule(
         init_value=init_value,

@@ -105,10 +105,14 @@ def exponential_decay(
     staircase: bool = False,
     end_value: Real[ArrayLike, ""] | None = None,
 ) -> ExponentialDecaySchedule:
-    """Returns a [`eqopt.schedules.ExponentialDecaySchedule`][].
+    """Exponential decay of `init_value` by `decay_rate` (Optax's spelling).
 
-    Optax spelling of [`eqopt.schedules.ExponentialDecaySchedule`][], with the
-    same arguments and defaults.
+    Builds a [`eqopt.schedules.ExponentialDecaySchedule`][]; the arguments, their
+    names and defaults are Optax's, and the class documents them.
+
+    **Returns:**
+
+    A [`eqopt.schedules.ExponentialDecaySchedule`][].
     """
     return ExponentialDecaySchedule(
         init_value=init_value,
@@ -189,10 +193,14 @@ def warmup_exponential_decay_schedule(
     staircase: bool = False,
     end_value: Real[ArrayLike, ""] | None = None,
 ) -> WarmupExponentialDecaySchedule:
-    """Returns a [`eqopt.schedules.WarmupExponentialDecaySchedule`][].
+    """A linear warmup, then exponential decay (Optax's spelling).
 
-    Optax spelling of [`eqopt.schedules.WarmupExponentialDecaySchedule`][], with
-    the same arguments and defaults.
+    Builds a [`eqopt.schedules.WarmupExponentialDecaySchedule`][]; the arguments,
+    their names and defaults are Optax's, and the class documents them.
+
+    **Returns:**
+
+    A [`eqopt.schedules.WarmupExponentialDecaySchedule`][].
     """
     return WarmupExponentialDecaySchedule(
         init_value=init_value,

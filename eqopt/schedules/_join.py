@@ -49,7 +49,7 @@ class JoinSchedules(AbstractSchedule):
 
     def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
         value = self.schedules[0](count)
-        for boundary, schedule in zip(self.boundaries, self.schedules[1:]):
+        for boundary, schedule in zip(self.boundaries, self.schedules[1:], strict=True):
             value = jnp.where(count < boundary, value, schedule(count - boundary))
         return value
 
@@ -57,11 +57,20 @@ class JoinSchedules(AbstractSchedule):
 def join_schedules(
     schedules: Sequence[Callable[..., Any]], boundaries: Sequence[int]
 ) -> JoinSchedules:
-    """Returns a [`eqopt.schedules.JoinSchedules`][] running `schedules` in turn.
+    """Runs `schedules` one after another (Optax's spelling).
 
-    Optax spelling of [`eqopt.schedules.JoinSchedules`][]. Each schedule receives
-    the number of steps since the boundary at which it starts. Unlike Optax, a
+    Builds a [`eqopt.schedules.JoinSchedules`][]. Each schedule receives the
+    number of steps since the boundary at which it starts. Unlike Optax, a
     number of `boundaries` other than `len(schedules) - 1` is an error rather
     than silently truncated.
+
+    **Arguments:**
+
+    - `schedules`: the schedules (or plain callables, or numbers), in order.
+    - `boundaries`: the `len(schedules) - 1` steps at which to switch.
+
+    **Returns:**
+
+    A [`eqopt.schedules.JoinSchedules`][].
     """
     return JoinSchedules(schedules=schedules, boundaries=boundaries)

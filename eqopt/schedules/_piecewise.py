@@ -1,5 +1,7 @@
 """Piecewise schedules (constant and interpolated) and the one-cycle policies."""
 
+import math
+
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
@@ -23,7 +25,7 @@ def _split(boundaries_and_scales) -> tuple[tuple, tuple]:
     # Optax's `{step: scale}` dictionary, sorted by step.
     if not boundaries_and_scales:
         return (), ()
-    boundaries, scales = zip(*sorted(boundaries_and_scales.items()))
+    boundaries, scales = zip(*sorted(boundaries_and_scales.items()), strict=True)
     return boundaries, scales
 
 
@@ -33,7 +35,10 @@ def _check_boundaries_and_scales(schedule) -> None:
             f"`boundaries` and `scales` must have the same length, got "
             f"{len(schedule.boundaries)} and {len(schedule.scales)}."
         )
-    if any(b >= c for b, c in zip(schedule.boundaries, schedule.boundaries[1:])):
+    if any(
+        b >= c
+        for b, c in zip(schedule.boundaries, schedule.boundaries[1:], strict=False)
+    ):
         raise ValueError(
             f"`boundaries` must be strictly increasing, got {schedule.boundaries}."
         )
@@ -72,7 +77,7 @@ class PiecewiseConstantSchedule(AbstractSchedule):
 
     def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
         value = self.init_value
-        for boundary, scale in zip(self.boundaries, self.scales):
+        for boundary, scale in zip(self.boundaries, self.scales, strict=True):
             # 1 strictly before the boundary, 0 from it on.
             before = jnp.maximum(jnp.sign(boundary - count), 0.0)
             value = value * (before + (1 - before) * scale)
@@ -83,9 +88,9 @@ def piecewise_constant_schedule(
     init_value: Real[ArrayLike, ""],
     boundaries_and_scales: dict[int, Real[ArrayLike, ""]] | None = None,
 ) -> PiecewiseConstantSchedule:
-    """Returns a [`eqopt.schedules.PiecewiseConstantSchedule`][].
+    """A constant value scaled at given steps (Optax's spelling).
 
-    Optax spelling of [`eqopt.schedules.PiecewiseConstantSchedule`][].
+    Builds a [`eqopt.schedules.PiecewiseConstantSchedule`][] from Optax's arguments.
 
     **Arguments:**
 
@@ -93,6 +98,10 @@ def piecewise_constant_schedule(
     - `boundaries_and_scales`: a dictionary `{step: scale}`; from each `step` on,
         the value is multiplied by `scale` (non-negative). `None` gives a
         constant schedule.
+
+    **Returns:**
+
+    A [`eqopt.schedules.PiecewiseConstantSchedule`][].
     """
     boundaries, scales = _split(boundaries_and_scales)
     return PiecewiseConstantSchedule(
@@ -180,9 +189,10 @@ def piecewise_interpolate_schedule(
     init_value: Real[ArrayLike, ""],
     boundaries_and_scales: dict[int, Real[ArrayLike, ""]] | None = None,
 ) -> PiecewiseInterpolateSchedule:
-    """Returns a [`eqopt.schedules.PiecewiseInterpolateSchedule`][].
+    """Interpolation between values scaled at given steps (Optax's spelling).
 
-    Optax spelling of [`eqopt.schedules.PiecewiseInterpolateSchedule`][].
+    Builds a [`eqopt.schedules.PiecewiseInterpolateSchedule`][] from Optax's
+    arguments.
 
     **Arguments:**
 
@@ -190,6 +200,10 @@ def piecewise_interpolate_schedule(
     - `init_value`: the value at step 0.
     - `boundaries_and_scales`: a dictionary `{step: scale}`; the value reached at
         `step` is the previous boundary's value times `scale` (non-negative).
+
+    **Returns:**
+
+    A [`eqopt.schedules.PiecewiseInterpolateSchedule`][].
     """
     if interpolate_type not in ("linear", "cosine"):
         raise ValueError(
@@ -209,6 +223,10 @@ def _check_onecycle(schedule, *names: str) -> None:
         raise ValueError(
             f"`transition_steps` must be positive, got {schedule.transition_steps}."
         )
+    for fraction in ("pct_start", "pct_final"):
+        value = getattr(schedule, fraction, 0.0)
+        if not math.isfinite(value):
+            raise ValueError(f"`{fraction}` must be finite, got {value}.")
     check_finite(schedule, "peak_value")
     for name in names:
         check_hyperparameter(name, getattr(schedule, name), low=0, low_inclusive=False)
@@ -273,10 +291,14 @@ def cosine_onecycle_schedule(
     div_factor: Real[ArrayLike, ""] = 25.0,
     final_div_factor: Real[ArrayLike, ""] = 1e4,
 ) -> CosineOnecycleSchedule:
-    """Returns a [`eqopt.schedules.CosineOnecycleSchedule`][].
+    """The one-cycle policy with cosine phases (Optax's spelling).
 
-    Optax spelling of [`eqopt.schedules.CosineOnecycleSchedule`][], with the same
-    arguments and defaults.
+    Builds a [`eqopt.schedules.CosineOnecycleSchedule`][]; the arguments, their
+    names and defaults are Optax's, and the class documents them.
+
+    **Returns:**
+
+    A [`eqopt.schedules.CosineOnecycleSchedule`][].
     """
     return CosineOnecycleSchedule(
         transition_steps=transition_steps,
@@ -350,10 +372,14 @@ def linear_onecycle_schedule(
     div_factor: Real[ArrayLike, ""] = 25.0,
     final_div_factor: Real[ArrayLike, ""] = 1e4,
 ) -> LinearOnecycleSchedule:
-    """Returns a [`eqopt.schedules.LinearOnecycleSchedule`][].
+    """The one-cycle policy with linear phases (Optax's spelling).
 
-    Optax spelling of [`eqopt.schedules.LinearOnecycleSchedule`][], with the same
-    arguments and defaults.
+    Builds a [`eqopt.schedules.LinearOnecycleSchedule`][]; the arguments, their
+    names and defaults are Optax's, and the class documents them.
+
+    **Returns:**
+
+    A [`eqopt.schedules.LinearOnecycleSchedule`][].
     """
     return LinearOnecycleSchedule(
         transition_steps=transition_steps,

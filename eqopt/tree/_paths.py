@@ -33,12 +33,12 @@ def describe(x: Any) -> str:
     if x is None:
         return "None"
     if eqx.is_array(x):
-        return f"an array {x.dtype}{list(x.shape)}"
+        return f"array {x.dtype}{list(x.shape)}"
     if isinstance(x, dict):
-        return f"a dict with keys {sorted(x.keys(), key=repr)}"
+        return f"dict with keys {sorted(x.keys(), key=repr)}"
     if isinstance(x, (list, tuple)) and not hasattr(x, "_fields"):
-        return f"a {type(x).__name__} of length {len(x)}"
-    return f"a {type(x).__name__}"
+        return f"{type(x).__name__} of length {len(x)}"
+    return type(x).__name__
 
 
 def children(node: Any) -> tuple[list[tuple[Any, Any]], Any] | None:
@@ -63,12 +63,14 @@ def first_difference(x: Any, y: Any, path: KeyPath = ()) -> tuple[KeyPath, str, 
     if x_level is None or y_level is None or type(x) is not type(y):
         return path, describe(x), describe(y)
     if x_level[1] != y_level[1]:
-        x_keys = [jax.tree_util.keystr((k,)) for k, _ in x_level[0]]
-        y_keys = [jax.tree_util.keystr((k,)) for k, _ in y_level[0]]
+        if describe(x) != describe(y):
+            return path, describe(x), describe(y)
+        x_keys = "".join(jax.tree_util.keystr((k,)) for k, _ in x_level[0])
+        y_keys = "".join(jax.tree_util.keystr((k,)) for k, _ in y_level[0])
         if x_keys != y_keys:
             return path, f"{describe(x)} with children {x_keys}", f"{describe(y)} with children {y_keys}"
-        note = " (its static fields or pytree metadata differ)"
-        return path, describe(x) + note, describe(y)
+        note = " (their static fields or pytree metadata differ)"
+        return path, describe(x), describe(y) + note
     for (key, x_child), (_, y_child) in zip(x_level[0], y_level[0]):
         found = first_difference(x_child, y_child, (*path, key))
         if found is not None:

@@ -1,0 +1,547 @@
+"""Optimisers: named chains of the building blocks, spelled as in Optax.
+
+Each optimiser is an [`eqopt.Chain`][] whose parts sit in the same positions as
+in Optax's chain (so `state[0]` is the same part), named after their classes
+(`state.scale_by_adam.mu`). Every part is a Module whose hyperparameters are
+array leaves, so `print(eqopt.adamw(1e-3))` shows the whole optimiser and
+`eqx.tree_at(lambda o: o.scale_by_learning_rate.learning_rate, opt, 3e-4)`
+changes the learning rate without recompiling.
+"""
+
+from typing import Any
+
+from ._combine import Chain
+from ._filters import FilterSpec
+from ._hyper import ScalarOrSchedule
+from ._transform.adam import ScaleByAdam, ScaleByAdamax, ScaleByAmsgrad
+from ._transform.basic import Identity, ScaleByLearningRate
+from ._transform.decay import AddDecayedWeights
+from ._transform.momentum import Ema, Trace
+from ._transform.noise import AddNoise
+from ._transform.rms import ScaleByRms, ScaleByRss, ScaleByStddev
+from ._transform.sign import ScaleByLion, ScaleBySign
+
+
+def _momentum(momentum: Any, nesterov: bool, accumulator_dtype: Any = None):
+    # Optax keeps an identity in the chain when there is no momentum, so a
+    # state's parts have the same positions in both libraries.
+    if momentum is None:
+        return Identity()
+    return Trace(momentum, nesterov, accumulator_dtype)
+
+
+def sgd(
+    learning_rate: ScalarOrSchedule,
+    momentum: Any = None,
+    nesterov: bool = False,
+    accumulator_dtype: Any = None,
+) -> Chain:
+    r"""Stochastic gradient descent, optionally with (Nesterov) momentum.
+
+    $$
+    m_t = g_t + \mu\, m_{t-1}, \qquad
+    u_t = -\eta_t \begin{cases} g_t + \mu\, m_t & \text{Nesterov} \\ m_t & \text{heavy ball} \end{cases}
+    $$
+
+    Without momentum, $u_t = -\eta_t g_t$. The chain is
+    `identity | trace`, then `scale_by_learning_rate`.
+
+    **Arguments:**
+
+    - `learning_rate`: $\eta$, a number or a schedule of the step count.
+    - `momentum`: $\mu$, or `None` for plain SGD.
+    - `nesterov`: use Nesterov's look-ahead momentum.
+    - `accumulator_dtype`: dtype to store the momentum in (default: the params').
+
+    **Returns:** an [`eqopt.Chain`][].
+
+    **References:** Robbins & Monro, *A Stochastic Approximation Method*, 1951;
+    Sutskever, Martens, Dahl & Hinton, *On the importance of initialization and
+    momentum in deep learning*, ICML 2013.
+    """
+    return Chain(
+        _momentum(momentum, nesterov, accumulator_dtype),
+        ScaleByLearningRate(learning_rate),
+    )
+
+
+def adam(
+    learning_rate: ScalarOrSchedule,
+    b1: Any = 0.9,
+    b2: Any = 0.999,
+    eps: Any = 1e-8,
+    eps_root: Any = 0.0,
+    mu_dtype: Any = None,
+    *,
+    nesterov: bool = False,
+) -> Chain:
+    r"""Adam: steps by bias-corrected first and second moment estimates.
+
+    $$
+    \begin{aligned}
+    m_t &= \beta_1 m_{t-1} + (1 - \beta_1)\, g_t, \qquad
+    v_t = \beta_2 v_{t-1} + (1 - \beta_2)\, |g_t|^2 \\
+    u_t &= -\eta_t\, \frac{m_t / (1 - \beta_1^t)}{\sqrt{v_t / (1 - \beta_2^t) + \epsilon_{\text{root}}} + \epsilon}
+    \end{aligned}
+    $$
+
+    The chain is [`eqopt.ScaleByAdam`][], then [`eqopt.ScaleByLearningRate`][].
+
+    **Arguments:**
+
+    - `learning_rate`: $\eta$, a number or a schedule of the step count.
+    - `b1`, `b2`: the decay rates $\beta_1, \beta_2 \in [0, 1)$.
+    - `eps`: added to the denominator outside the square root.
+    - `eps_root`: added inside the square root.
+    - `mu_dtype`: dtype to store the first moment in (default: the params').
+    - `nesterov`: use Dozat's Nesterov momentum (this is [`eqopt.nadam`][]).
+
+    **Returns:** an [`eqopt.Chain`][].
+
+    **References:** Kingma & Ba, *Adam: A Method for Stochastic Optimization*,
+    ICLR 2015.
+    """
+    return Chain(
+        ScaleByAdam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nesterov=nesterov),
+        ScaleByLearningRate(learning_rate),
+    )
+
+
+def nadam(
+    learning_rate: ScalarOrSchedule,
+    b1: Any = 0.9,
+    b2: Any = 0.999,
+    eps: Any = 1e-8,
+    eps_root: Any = 0.0,
+    mu_dtype: Any = None,
+    *,
+    nesterov: bool = True,
+) -> Chain:
+    r"""NAdam: Adam with Nesterov momentum.
+
+    $$
+    u_t = -\eta_t\, \frac{\beta_1 m_t / (1 - \beta_1^{t+1}) + (1 - \beta_1)\, g_t / (1 - \beta_1^t)}
+                       {\sqrt{\hat v_t + \epsilon_{\text{root}}} + \epsilon}
+    $$
+
+    with $m_t$, $\hat v_t$ as in [`eqopt.adam`][]. This is `adam(...,
+    nesterov=True)`.
+
+    **Arguments:** as [`eqopt.adam`][].
+
+    **Returns:** an [`eqopt.Chain`][].
+
+    **References:** Dozat, *Incorporating Nesterov Momentum into Adam*, ICLR
+    2016 workshop.
+    """
+    return adam(learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov=nesterov)
+
+
+def adamw(
+    learning_rate: ScalarOrSchedule,
+    b1: Any = 0.9,
+    b2: Any = 0.999,
+    eps: Any = 1e-8,
+    eps_root: Any = 0.0,
+    mu_dtype: Any = None,
+    weight_decay: ScalarOrSchedule = 1e-4,
+    mask: FilterSpec | None = None,
+    *,
+    nesterov: bool = False,
+) -> Chain:
+    r"""AdamW: Adam with weight decay decoupled from the adaptive scaling.
+
+    $$
+    u_t = -\eta_t \left( \frac{\hat m_t}{\sqrt{\hat v_t + \epsilon_{\text{root}}} + \epsilon}
+                         + \lambda\, \theta_{t-1} \right)
+    $$
+
+    with $\hat m_t, \hat v_t$ Adam's bias-corrected moments. The chain is
+    [`eqopt.ScaleByAdam`][], [`eqopt.AddDecayedWeights`][],
+    [`eqopt.ScaleByLearningRate`][]; `update` needs `params`.
+
+    `mask` selects the parameters to decay with an Equinox filter spec: a bool,
+    a per-leaf predicate such as `lambda x: x.ndim > 1` (decay matrices, not
+    biases), or a prefix pytree of these (for example built with `eqx.tree_at`
+    on the model). A full boolean pytree, Optax's kind of mask, is one such spec.
+    Unlike Optax, a callable is always a per-leaf predicate, never a function of
+    the whole params.
+
+    **Arguments:**
+
+    - `learning_rate`: $\eta$, a number or a schedule of the step count.
+    - `b1`, `b2`, `eps`, `eps_root`, `mu_dtype`: as [`eqopt.adam`][].
+    - `weight_decay`: $\lambda$, a number or a schedule.
+    - `mask`: the filter spec of the leaves to decay (default: all).
+    - `nesterov`: use Nesterov momentum (this is [`eqopt.nadamw`][]).
+
+    **Returns:** an [`eqopt.Chain`][].
+
+    **References:** Loshchilov & Hutter, *Decoupled Weight Decay
+    Regularization*, ICLR 2019.
+    """
+    return Chain(
+        ScaleByAdam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nesterov=nesterov),
+        AddDecayedWeights(weight_decay, mask),
+        ScaleByLearningRate(learning_rate),
+    )
+
+
+def nadamw(
+    learning_rate: ScalarOrSchedule,
+    b1: Any = 0.9,
+    b2: Any = 0.999,
+    eps: Any = 1e-8,
+    eps_root: Any = 0.0,
+    mu_dtype: Any = None,
+    weight_decay: ScalarOrSchedule = 1e-4,
+    mask: FilterSpec | None = None,
+    *,
+    nesterov: bool = True,
+) -> Chain:
+    r"""NAdamW: NAdam with decoupled weight decay.
+
+    $$
+    u_t = -\eta_t \left( \frac{\beta_1 m_t / (1 - \beta_1^{t+1}) + (1 - \beta_1)\, g_t / (1 - \beta_1^t)}
+                              {\sqrt{\hat v_t + \epsilon_{\text{root}}} + \epsilon}
+                         + \lambda\, \theta_{t-1} \right)
+    $$
+
+    This is `adamw(..., nesterov=True)`; `mask` is a filter spec as in
+    [`eqopt.adamw`][].
+
+    **Arguments:** as [`eqopt.adamw`][].
+
+    **Returns:** an [`eqopt.Chain`][].
+
+    **References:** Dozat, *Incorporating Nesterov Momentum into Adam*, ICLR
+    2016 workshop; Loshchilov & Hutter, *Decoupled Weight Decay
+    Regularization*, ICLR 2019.
+    """
+    return adamw(
+        learning_rate, b1, b2, eps, eps_root, mu_dtype, weight_decay, mask, nesterov=nesterov
+    )
+
+
+def amsgrad(
+    learning_rate: ScalarOrSchedule,
+    b1: Any = 0.9,
+    b2: Any = 0.999,
+    eps: Any = 1e-8,
+    eps_root: Any = 0.0,
+    mu_dtype: Any = None,
+    bias_correction_mu: bool = True,
+    bias_correction_nu: bool = True,
+) -> Chain:
+    r"""AMSGrad: Adam whose second moment never decreases.
+
+    $$
+    \hat v^{\max}_t = \max(\hat v^{\max}_{t-1}, \hat v_t), \qquad
+    u_t = -\eta_t\, \frac{\hat m_t}{\sqrt{\hat v^{\max}_t + \epsilon_{\text{root}}} + \epsilon}
+    $$
+
+    The chain is [`eqopt.ScaleByAmsgrad`][], then [`eqopt.ScaleByLearningRate`][].
+
+    **Arguments:**
+
+    - `learning_rate`: $\eta$, a number or a schedule of the step count.
+    - `b1`, `b2`, `eps`, `eps_root`, `mu_dtype`: as [`eqopt.adam`][].
+    - `bias_correction_mu`, `bias_correction_nu`: divide $m_t$, $v_t$ by
+      $1 - \beta^t$ (default); `False` for both is the paper's algorithm.
+
+    **Returns:** an [`eqopt.Chain`][].
+
+    **References:** Reddi, Kale & Kumar, *On the Convergence of Adam and Beyond*,
+    ICLR 2018.
+    """
+    return Chain(
+        ScaleByAmsgrad(
+            b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
+            bias_correction_mu=bias_correction_mu, bias_correction_nu=bias_correction_nu,
+        ),
+        ScaleByLearningRate(learning_rate),
+    )
+
+
+def adamax(
+    learning_rate: ScalarOrSchedule,
+    b1: Any = 0.9,
+    b2: Any = 0.999,
+    eps: Any = 1e-8,
+) -> Chain:
+    r"""AdaMax: Adam with the infinity norm in place of the second moment.
+
+    $$
+    m_t = \beta_1 m_{t-1} + (1 - \beta_1) g_t, \qquad
+    s_t = \max(\beta_2 s_{t-1}, |g_t| + \epsilon), \qquad
+    u_t = -\eta_t\, \frac{m_t}{(1 - \beta_1^t)\, s_t}
+    $$
+
+    The chain is [`eqopt.ScaleByAdamax`][], then [`eqopt.ScaleByLearningRate`][].
+
+    **Arguments:**
+
+    - `learning_rate`: $\eta$, a number or a schedule of the step count.
+    - `b1`, `b2`: the decay rates.
+    - `eps`: added to $|g|$.
+
+    **Returns:** an [`eqopt.Chain`][].
+
+    **References:** Kingma & Ba, *Adam: A Method for Stochastic Optimization*,
+    ICLR 2015, §7.1.
+    """
+    return Chain(ScaleByAdamax(b1=b1, b2=b2, eps=eps), ScaleByLearningRate(learning_rate))
+
+
+def adamaxw(
+    learning_rate: ScalarOrSchedule,
+    b1: Any = 0.9,
+    b2: Any = 0.999,
+    eps: Any = 1e-8,
+    weight_decay: ScalarOrSchedule = 1e-4,
+    mask: FilterSpec | None = None,
+) -> Chain:
+    r"""AdaMaxW: AdaMax with decoupled weight decay.
+
+    $$ u_t = -\eta_t \left( \frac{m_t}{(1 - \beta_1^t)\, s_t} + \lambda\, \theta_{t-1} \right) $$
+
+    with $m_t$, $s_t$ as in [`eqopt.adamax`][]. `mask` is an Equinox filter spec
+    as in [`eqopt.adamw`][] (a callable is a per-leaf predicate).
+
+    **Arguments:**
+
+    - `learning_rate`, `b1`, `b2`, `eps`: as [`eqopt.adamax`][].
+    - `weight_decay`: $\lambda$, a number or a schedule.
+    - `mask`: the filter spec of the leaves to decay (default: all).
+
+    **Returns:** an [`eqopt.Chain`][].
+
+    **References:** Kingma & Ba, ICLR 2015, §7.1; Loshchilov & Hutter,
+    *Decoupled Weight Decay Regularization*, ICLR 2019.
+    """
+    return Chain(
+        ScaleByAdamax(b1=b1, b2=b2, eps=eps),
+        AddDecayedWeights(weight_decay, mask),
+        ScaleByLearningRate(learning_rate),
+    )
+
+
+def rmsprop(
+    learning_rate: ScalarOrSchedule,
+    decay: Any = 0.9,
+    eps: Any = 1e-8,
+    initial_scale: Any = 0.0,
+    eps_in_sqrt: bool = True,
+    centered: bool = False,
+    momentum: Any = None,
+    nesterov: bool = False,
+    bias_correction: bool = False,
+) -> Chain:
+    r"""RMSProp: divides the step by a running root mean square of the gradients.
+
+    $$
+    v_t = \rho\, v_{t-1} + (1 - \rho)\, |g_t|^2, \qquad
+    u_t = -\eta_t\, \frac{g_t}{\sqrt{v_t + \epsilon}}
+    $$
+
+    `centered=True` divides by a running standard deviation instead,
+    $\sqrt{v_t - |m_t|^2 + \epsilon}$ with $m_t$ the running mean (Graves, 2013).
+    With `momentum`, the scaled step then goes through (Nesterov) momentum, as in
+    [`eqopt.sgd`][]. `eps_in_sqrt=False` puts $\epsilon$ outside the root, as
+    PyTorch does. The chain is [`eqopt.ScaleByRms`][] (or
+    [`eqopt.ScaleByStddev`][]), [`eqopt.ScaleByLearningRate`][], then
+    [`eqopt.Trace`][] or [`eqopt.Identity`][].
+
+    **Arguments:**
+
+    - `learning_rate`: $\eta$, a number or a schedule of the step count.
+    - `decay`: $\rho$.
+    - `eps`: $\epsilon$.
+    - `initial_scale`: the initial value of $v$.
+    - `eps_in_sqrt`: add $\epsilon$ inside the square root.
+    - `centered`: divide by the standard deviation, not the root mean square.
+    - `momentum`: momentum decay, or `None`.
+    - `nesterov`: Nesterov momentum.
+    - `bias_correction`: divide the moments by $1 - \rho^t$.
+
+    **Returns:** an [`eqopt.Chain`][].
+
+    **References:** Tieleman & Hinton, *Lecture 6.5 — RMSProp*, COURSERA:
+    Neural Networks for Machine Learning, 2012; Graves, *Generating Sequences
+    With Recurrent Neural Networks*, 2013 (centred).
+    """
+    scaling = ScaleByStddev if centered else ScaleByRms
+    return Chain(
+        scaling(
+            decay=decay, eps=eps, initial_scale=initial_scale,
+            eps_in_sqrt=eps_in_sqrt, bias_correction=bias_correction,
+        ),
+        ScaleByLearningRate(learning_rate),
+        _momentum(momentum, nesterov),
+    )
+
+
+def adagrad(
+    learning_rate: ScalarOrSchedule,
+    initial_accumulator_value: Any = 0.1,
+    eps: Any = 1e-7,
+) -> Chain:
+    r"""Adagrad: divides the step by the root of the sum of all squared gradients so far.
+
+    $$
+    s_t = s_{t-1} + |g_t|^2, \qquad u_t = -\eta_t\, \frac{g_t}{\sqrt{s_t + \epsilon}}
+    $$
+
+    The effective step only shrinks, so Adagrad suits sparse or convex problems
+    better than long non-convex training. The chain is [`eqopt.ScaleByRss`][],
+    then [`eqopt.ScaleByLearningRate`][].
+
+    **Arguments:**
+
+    - `learning_rate`: $\eta$, a number or a schedule of the step count.
+    - `initial_accumulator_value`: $s_0 \ge 0$.
+    - `eps`: $\epsilon$.
+
+    **Returns:** an [`eqopt.Chain`][].
+
+    **References:** Duchi, Hazan & Singer, *Adaptive Subgradient Methods for
+    Online Learning and Stochastic Optimization*, JMLR 12, 2011.
+    """
+    return Chain(
+        ScaleByRss(initial_accumulator_value, eps), ScaleByLearningRate(learning_rate)
+    )
+
+
+def lion(
+    learning_rate: ScalarOrSchedule,
+    b1: Any = 0.9,
+    b2: Any = 0.99,
+    mu_dtype: Any = None,
+    weight_decay: ScalarOrSchedule = 1e-3,
+    mask: FilterSpec | None = None,
+) -> Chain:
+    r"""Lion: steps by the sign of an interpolation of momentum and gradient.
+
+    $$
+    \begin{aligned}
+    u_t &= -\eta_t \big( \operatorname{sign}(\beta_1 m_{t-1} + (1 - \beta_1) g_t)
+                         + \lambda\, \theta_{t-1} \big) \\
+    m_t &= \beta_2 m_{t-1} + (1 - \beta_2)\, g_t
+    \end{aligned}
+    $$
+
+    Every element moves by $\eta$ (plus decay), so use a learning rate 3-10
+    times smaller, and a weight decay 3-10 times larger, than with AdamW. The
+    chain is [`eqopt.ScaleByLion`][], [`eqopt.AddDecayedWeights`][],
+    [`eqopt.ScaleByLearningRate`][]; `mask` is a filter spec as in
+    [`eqopt.adamw`][].
+
+    **Arguments:**
+
+    - `learning_rate`: $\eta$, a number or a schedule of the step count.
+    - `b1`, `b2`: $\beta_1, \beta_2$.
+    - `mu_dtype`: dtype to store the momentum in (default: the params').
+    - `weight_decay`: $\lambda$, a number or a schedule.
+    - `mask`: the filter spec of the leaves to decay (default: all).
+
+    **Returns:** an [`eqopt.Chain`][].
+
+    **References:** Chen et al., *Symbolic Discovery of Optimization
+    Algorithms*, NeurIPS 2023.
+    """
+    return Chain(
+        ScaleByLion(b1=b1, b2=b2, mu_dtype=mu_dtype),
+        AddDecayedWeights(weight_decay, mask),
+        ScaleByLearningRate(learning_rate),
+    )
+
+
+def sign_sgd(learning_rate: ScalarOrSchedule) -> Chain:
+    r"""signSGD: steps by the sign of each gradient element.
+
+    $$ u_t = -\eta_t\, \operatorname{sign}(g_t) $$
+
+    The chain is [`eqopt.ScaleBySign`][], then [`eqopt.ScaleByLearningRate`][].
+
+    **Arguments:**
+
+    - `learning_rate`: $\eta$, a number or a schedule of the step count.
+
+    **Returns:** an [`eqopt.Chain`][].
+
+    **References:** Bernstein, Wang, Azizzadenesheli & Anandkumar, *signSGD:
+    Compressed Optimisation for Non-Convex Problems*, ICML 2018.
+    """
+    return Chain(ScaleBySign(), ScaleByLearningRate(learning_rate))
+
+
+def signum(
+    learning_rate: ScalarOrSchedule,
+    beta: Any = 0.9,
+    accumulator_dtype: Any = None,
+) -> Chain:
+    r"""Signum: steps by the sign of the momentum.
+
+    $$
+    m_t = \beta\, m_{t-1} + (1 - \beta)\, g_t, \qquad
+    u_t = -\eta_t\, \operatorname{sign}(m_t)
+    $$
+
+    The moving average is not debiased: the sign does not depend on the scale.
+    The chain is [`eqopt.Ema`][] (`debias=False`), [`eqopt.ScaleBySign`][],
+    [`eqopt.ScaleByLearningRate`][].
+
+    **Arguments:**
+
+    - `learning_rate`: $\eta$, a number or a schedule of the step count.
+    - `beta`: $\beta \in [0, 1]$, the momentum decay.
+    - `accumulator_dtype`: dtype to store the momentum in (default: the params').
+
+    **Returns:** an [`eqopt.Chain`][].
+
+    **References:** Bernstein, Wang, Azizzadenesheli & Anandkumar, *signSGD:
+    Compressed Optimisation for Non-Convex Problems*, ICML 2018.
+    """
+    return Chain(
+        Ema(beta, debias=False, accumulator_dtype=accumulator_dtype),
+        ScaleBySign(),
+        ScaleByLearningRate(learning_rate),
+    )
+
+
+def noisy_sgd(
+    learning_rate: ScalarOrSchedule,
+    eta: Any = 0.01,
+    gamma: Any = 0.55,
+    key: Any = None,
+    *,
+    seed: int | None = None,
+) -> Chain:
+    r"""SGD with annealed Gaussian noise added to the gradients.
+
+    $$ u_t = -\eta_t \left( g_t + \sigma_t\, \xi_t \right), \qquad
+       \xi_t \sim \mathcal N(0, I), \qquad \sigma_t^2 = \frac{\eta}{t^{\gamma}} $$
+
+    (here $\eta$ is the argument `eta`, the noise variance, and $\eta_t$ the
+    learning rate). The chain is [`eqopt.AddNoise`][], then
+    [`eqopt.ScaleByLearningRate`][]. Given the same key, the noise is Optax's.
+
+    **Arguments:**
+
+    - `learning_rate`: $\eta_t$, a number or a schedule of the step count.
+    - `eta`: the noise variance at the first step.
+    - `gamma`: the annealing exponent.
+    - `key`: a key from `jax.random.key`, a raw key, or an integer seed (default
+      seed 0, as in Optax; pass your own).
+    - `seed`: Optax's older name for an integer `key`.
+
+    **Returns:** an [`eqopt.Chain`][].
+
+    **References:** Neelakantan et al., *Adding Gradient Noise Improves
+    Learning for Very Deep Networks*, arXiv:1511.06807, 2015.
+    """
+    if seed is not None:
+        if key is not None:
+            raise ValueError("Give only one of `key` and `seed`.")
+        key = seed
+    return Chain(AddNoise(eta, gamma, 0 if key is None else key), ScaleByLearningRate(learning_rate))

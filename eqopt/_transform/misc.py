@@ -1,0 +1,151 @@
+"""Small corrections to the updates: gradient centralisation, zeroing NaNs, non-negativity."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, PyTree
+
+from .._base import (
+    AbstractGradientTransformation,
+    EmptyState,
+    Params,
+    Updates,
+    _paths,
+    is_none,
+    is_trainable,
+    leafwise,
+    structure_mismatch_message,
+)
+
+
+def _subtract_mean(g):
+    if g.ndim <= 1:
+        return g
+    return g - jnp.mean(g, axis=tuple(range(1, g.ndim)), keepdims=True)
+
+
+class Centralize(AbstractGradientTransformation):
+    r"""Centralises each update of two or more dimensions: subtracts its mean over all but the first axis.
+
+    $$ u_{i, \dots} = g_{i, \dots} - \frac{1}{n} \sum_{j} g_{i, j} $$
+
+    where $i$ indexes the first axis and $j$ runs over the $n$ elements of the
+    other axes. Scalars and vectors pass through unchanged. For an
+    `eqx.nn.Linear` weight of shape `(out_features, in_features)` or an
+    `eqx.nn.Conv` kernel of shape `(out_channels, in_channels, *kernel)` this
+    centres the weight vector of each output unit, as in the paper.
+
+    Per-leaf, so not elementwise.
+
+    **References:** Yong, Huang, Hua & Zhang, *Gradient Centralization: A New
+    Optimization Technique for Deep Neural Networks*, ECCV 2020.
+    """
+
+    elementwise = False
+
+    def init(self, params: Params) -> EmptyState:
+        return EmptyState()
+
+    def update(self, updates: Updates, state: EmptyState, params: Params | None = None,
+               **extra_args: Any) -> tuple[Updates, EmptyState]:
+        return leafwise(_subtract_mean, updates), state
+
+
+def centralize() -> Centralize:
+    """Optax spelling of [`eqopt.Centralize`][]."""
+    return Centralize()
+
+
+class ZeroNansState(eqx.Module):
+    """The state of [`eqopt.ZeroNans`][]: per leaf, whether the last update had a NaN.
+
+    `None` at leaves that are not trainable.
+    """
+
+    found_nan: PyTree[Bool[Array, ""] | None]
+
+
+class ZeroNans(AbstractGradientTransformation):
+    r"""Replaces NaNs in the updates by zeros, and records where it did.
+
+    $$ u = \begin{cases} 0 & g \text{ is NaN} \\ g & \text{otherwise} \end{cases} $$
+
+    A complex element is NaN if either part is. The state's `found_nan` is
+    shaped like the params: for each trainable leaf, whether the last update
+    of that leaf contained a NaN (`False` when the leaf's update was `None`).
+    The state is only reported, never used.
+
+    Not elementwise: the update is, but `found_nan` reduces each leaf.
+    """
+
+    elementwise = False
+
+    def init(self, params: Params) -> ZeroNansState:
+        return ZeroNansState(
+            found_nan=jax.tree.map(
+                lambda p: jnp.array(False) if is_trainable(p) else None, params
+            )
+        )
+
+    def update(self, updates: Updates, state: ZeroNansState,
+               params: Params | None = None,
+               **extra_args: Any) -> tuple[Updates, ZeroNansState]:
+        if jax.tree.structure(updates, is_leaf=is_none) != jax.tree.structure(
+            state.found_nan, is_leaf=is_none
+        ):
+            raise ValueError(
+                structure_mismatch_message(updates, state.found_nan, "updates", "state")
+            )
+        new_updates = leafwise(lambda g: jnp.where(jnp.isnan(g), 0, g), updates)
+        found_nan = jax.tree.map(
+            lambda g, found: None if found is None else (
+                jnp.array(False) if g is None else jnp.any(jnp.isnan(g))
+            ),
+            updates, state.found_nan, is_leaf=is_none,
+        )
+        return new_updates, ZeroNansState(found_nan=found_nan)
+
+
+def zero_nans() -> ZeroNans:
+    """Optax spelling of [`eqopt.ZeroNans`][]."""
+    return ZeroNans()
+
+
+class KeepParamsNonnegative(AbstractGradientTransformation):
+    r"""Shortens the updates so that no parameter becomes negative.
+
+    $$ u = \begin{cases} -\theta & \theta + g < 0 \\ g & \text{otherwise} \end{cases} $$
+
+    so that $\theta + u \ge 0$ (a projection onto the non-negative orthant when
+    $\theta \ge 0$; a negative parameter is moved to $0$). Place it last in a
+    chain, after the learning rate. Needs `params`.
+
+    Real parameters only: a complex parameter is an error naming its path
+    (Optax compares complex numbers instead).
+    """
+
+    elementwise = True
+
+    def init(self, params: Params) -> EmptyState:
+        return EmptyState()
+
+    def update(self, updates: Updates, state: EmptyState, params: Params | None = None,
+               **extra_args: Any) -> tuple[Updates, EmptyState]:
+        if params is None:
+            raise ValueError(
+                "keep_params_nonnegative needs `params`: call `update(updates, state, params)`."
+            )
+        for path, leaf in zip(_paths(params), jax.tree.leaves(params, is_leaf=is_none)):
+            if is_trainable(leaf) and jnp.iscomplexobj(leaf):
+                raise ValueError(
+                    f"keep_params_nonnegative needs real parameters; the one at {path} is "
+                    f"{leaf.dtype}."
+                )
+        return leafwise(lambda g, p: jnp.where(p + g < 0, -p, g), updates, params), state
+
+
+def keep_params_nonnegative() -> KeepParamsNonnegative:
+    """Optax spelling of [`eqopt.KeepParamsNonnegative`][]."""
+    return KeepParamsNonnegative()

@@ -1,0 +1,130 @@
+"""Annealed Gaussian gradient noise."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Int, Key, UInt32
+
+from .._base import AbstractGradientTransformation, Params, Updates, is_none
+from .._hyper import check_hyperparameter, hyperparameter
+from .._numerics import safe_int32_increment
+
+
+def _key_data_and_impl(key: Any) -> tuple[Array, str | None]:
+    """Splits a key into its raw `uint32` data and the name of its PRNG implementation.
+
+    Accepts an integer seed, a typed key (`jax.random.key`) or a raw key
+    (`jax.random.PRNGKey`, read with the default implementation).
+    """
+    if isinstance(key, (bool, np.bool_)):
+        raise TypeError("`key` must be a PRNG key or an integer seed, got a bool.")
+    if isinstance(key, (int, np.integer)):
+        key = jax.random.key(int(key))
+    if isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        if key.shape != ():
+            raise ValueError(f"`key` must be a single PRNG key, got an array of shape {key.shape}.")
+        return jax.random.key_data(key), str(jax.random.key_impl(key))
+    if eqx.is_array(key) and key.dtype == jnp.uint32 and key.ndim == 1:
+        return key, None
+    if eqx.is_array(key) and key.ndim == 0 and jnp.issubdtype(key.dtype, jnp.integer):
+        return _key_data_and_impl(int(key))
+    raise TypeError(
+        "`key` must be a PRNG key (`jax.random.key(seed)`), a raw `uint32` key or an "
+        f"integer seed, got {type(key).__name__}."
+    )
+
+
+class AddNoiseState(eqx.Module):
+    """The state of [`eqopt.AddNoise`][]: the step count and the raw data of the next key."""
+
+    count: Int[Array, ""]
+    rng_key: UInt32[Array, " key_data"]
+
+
+class AddNoise(AbstractGradientTransformation):
+    r"""Adds annealed Gaussian noise to the updates.
+
+    $$ u_t = g_t + \sigma_t\, \xi_t, \qquad \xi_t \sim \mathcal N(0, I), \qquad
+       \sigma_t^2 = \frac{\eta}{t^{\gamma}} $$
+
+    with $t = 1, 2, \dots$ the step. Each step splits the state's key in two, keeps
+    one half for the next step and splits the other into one key per (non-`None`)
+    update leaf, in the order of `jax.tree.leaves`; each leaf's noise is drawn
+    in that leaf's dtype (complex noise has unit total variance). Given the same
+    key and the same tree of updates, the noise is bit-for-bit Optax's.
+
+    The state stores the key as raw `uint32` data (`jax.random.key_data`), so it
+    serialises with `eqx.tree_serialise_leaves`; the implementation of a typed
+    key is remembered as a static field.
+
+    Not elementwise in eqopt's sense: the noise drawn depends on how the
+    parameters are split into leaves (its distribution does not).
+
+    **Arguments:**
+
+    - `eta`: $\eta \ge 0$, the variance of the noise at the first step.
+    - `gamma`: $\gamma \ge 0$, the annealing exponent (0.55 in the paper).
+    - `key`: a key from `jax.random.key`, a raw key from `jax.random.PRNGKey`,
+      or an integer seed. Default: seed 0, as in Optax; pass your own key.
+
+    **References:** Neelakantan et al., *Adding Gradient Noise Improves Learning
+    for Very Deep Networks*, arXiv:1511.06807, 2015.
+    """
+
+    eta: Any = hyperparameter()
+    gamma: Any = hyperparameter()
+    key: UInt32[Array, " key_data"]
+    key_impl: str | None = eqx.field(static=True)
+    elementwise = False
+
+    def __init__(self, eta: Any, gamma: Any, key: Any = 0):
+        self.eta = eta
+        self.gamma = gamma
+        self.key, self.key_impl = _key_data_and_impl(key)
+
+    def __check_init__(self):
+        check_hyperparameter("eta", self.eta, low=0.0)
+        check_hyperparameter("gamma", self.gamma, low=0.0)
+
+    def _wrap(self, data: Array) -> Key[Array, ""]:
+        if self.key_impl is None:
+            return jax.random.wrap_key_data(data)
+        return jax.random.wrap_key_data(data, impl=self.key_impl)
+
+    def init(self, params: Params) -> AddNoiseState:
+        return AddNoiseState(count=jnp.zeros([], jnp.int32), rng_key=self.key)
+
+    def update(self, updates: Updates, state: AddNoiseState,
+               params: Params | None = None,
+               **extra_args: Any) -> tuple[Updates, AddNoiseState]:
+        count = safe_int32_increment(state.count)
+        deviation = jnp.sqrt(self.eta / count**self.gamma)
+        next_key, sample_key = jax.random.split(self._wrap(state.rng_key))
+        leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
+        live = [g for g in leaves if g is not None]
+        keys = iter(jax.random.split(sample_key, len(live)))
+
+        def noisy(g):
+            if g is None:
+                return None
+            noise = jax.random.normal(next(keys), g.shape, g.dtype)
+            return g + (deviation * noise).astype(g.dtype)
+
+        new_updates = jax.tree.unflatten(treedef, [noisy(g) for g in leaves])
+        state = AddNoiseState(count=count, rng_key=jax.random.key_data(next_key))
+        return new_updates, state
+
+
+def add_noise(eta: Any, gamma: Any, key: Any = None, *, seed: int | None = None) -> AddNoise:
+    """Optax spelling of [`eqopt.AddNoise`][].
+
+    `seed` is Optax's older name for an integer `key`; give one or the other.
+    """
+    if seed is not None:
+        if key is not None:
+            raise ValueError("Give only one of `key` and `seed`.")
+        key = seed
+    return AddNoise(eta, gamma, 0 if key is None else key)

@@ -1,0 +1,287 @@
+"""Scaling by root mean squares: RMSProp (plain and centred) and Adagrad."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Inexact, Int, PyTree
+
+from .._base import (
+    AbstractGradientTransformation,
+    Params,
+    Updates,
+    is_trainable,
+    leafwise,
+    zeros_like_trainable,
+)
+from .._hyper import check_hyperparameter, hyperparameter
+from .._numerics import safe_int32_increment
+
+Moments = PyTree[Inexact[Array, "..."] | None]
+
+
+def abs_squared(g: Array) -> Array:
+    """$|g|^2 = g \\bar g$, real (in the real dtype of `g`) for complex `g`."""
+    if jnp.iscomplexobj(g):
+        return jnp.real(g) ** 2 + jnp.imag(g) ** 2
+    return jnp.square(g)
+
+
+def full_like_trainable_real(params: Params, value: Any) -> Moments:
+    """A tree shaped like `params`: `value` at trainable leaves, `None` elsewhere.
+
+    The arrays are real, in the real dtype of each parameter (`float32` for a
+    `complex64` parameter): they hold squared moduli.
+    """
+
+    def full(p):
+        if not is_trainable(p):
+            return None
+        return jnp.full(p.shape, value, dtype=jnp.finfo(p.dtype).dtype)
+
+    return jax.tree.map(full, params)
+
+
+def _debiased(moment, decay, count):
+    return moment / (1 - decay**count).astype(moment.dtype)
+
+
+def _inverse_root(x, eps, eps_in_sqrt):
+    if eps_in_sqrt:
+        return jax.lax.rsqrt(x + eps)
+    return 1 / (jnp.sqrt(x) + eps)
+
+
+def _check_decay(decay):
+    check_hyperparameter("decay", decay, low=0.0, high=1.0, high_inclusive=True)
+
+
+class ScaleByRmsState(eqx.Module):
+    """The state of [`eqopt.ScaleByRms`][]: the step count and $v$, the mean square."""
+
+    count: Int[Array, ""]
+    nu: Moments
+
+
+class ScaleByRms(AbstractGradientTransformation):
+    r"""Divides the updates by the root of an exponential moving average of their squares.
+
+    $$
+    \begin{aligned}
+    v_t &= \rho\, v_{t-1} + (1 - \rho)\, |g_t|^2, \qquad v_0 = v_{\text{init}} \\
+    \hat v_t &= \begin{cases} v_t / (1 - \rho^t) & \text{bias correction} \\
+                              v_t & \text{otherwise} \end{cases} \\
+    u_t &= \begin{cases} g_t / \sqrt{\hat v_t + \epsilon} & \text{`eps_in_sqrt`} \\
+                         g_t / (\sqrt{\hat v_t} + \epsilon) & \text{otherwise} \end{cases}
+    \end{aligned}
+    $$
+
+    This is the scaling of RMSProp. With `eps_in_sqrt=False` it matches PyTorch's
+    RMSprop; with `eps_in_sqrt=False, bias_correction=True` and $\rho = \beta_2$
+    it equals Adam with $\beta_1 = 0$ without storing a first moment. For
+    complex updates $|g|^2 = g \bar g$ and $v$ is stored as a real array.
+
+    **Arguments:**
+
+    - `decay`: $\rho \in [0, 1]$.
+    - `eps`: $\epsilon \ge 0$, keeping the denominator away from zero.
+    - `initial_scale`: $v_{\text{init}}$, the initial mean square.
+    - `eps_in_sqrt`: add $\epsilon$ inside the square root (default) or outside.
+    - `bias_correction`: divide $v_t$ by $1 - \rho^t$.
+
+    **References:** Tieleman & Hinton, *Lecture 6.5 — RMSProp: Divide the
+    gradient by a running average of its recent magnitude*, COURSERA: Neural
+    Networks for Machine Learning, 2012.
+    """
+
+    decay: Any = hyperparameter(default=0.9)
+    eps: Any = hyperparameter(default=1e-8)
+    initial_scale: Any = hyperparameter(default=0.0)
+    eps_in_sqrt: bool = eqx.field(default=True, static=True)
+    bias_correction: bool = eqx.field(default=False, static=True)
+    elementwise = True
+
+    def __check_init__(self):
+        _check_decay(self.decay)
+        check_hyperparameter("eps", self.eps, low=0.0)
+        check_hyperparameter("initial_scale", self.initial_scale, low=0.0)
+
+    def init(self, params: Params) -> ScaleByRmsState:
+        return ScaleByRmsState(
+            count=jnp.zeros([], jnp.int32),
+            nu=full_like_trainable_real(params, self.initial_scale),
+        )
+
+    def update(self, updates: Updates, state: ScaleByRmsState,
+               params: Params | None = None,
+               **extra_args: Any) -> tuple[Updates, ScaleByRmsState]:
+        decay, eps = self.decay, self.eps
+        count = safe_int32_increment(state.count)
+
+        def step(g, nu):
+            new_nu = (1 - decay) * abs_squared(g) + decay * nu
+            nu_hat = _debiased(new_nu, decay, count) if self.bias_correction else new_nu
+            return _inverse_root(nu_hat, eps, self.eps_in_sqrt) * g, new_nu.astype(nu.dtype)
+
+        updates, nu = leafwise(step, updates, state.nu, n_out=2)
+        return updates, ScaleByRmsState(count=count, nu=nu)
+
+
+def scale_by_rms(
+    decay: Any = 0.9,
+    eps: Any = 1e-8,
+    initial_scale: Any = 0.0,
+    eps_in_sqrt: bool = True,
+    bias_correction: bool = False,
+) -> ScaleByRms:
+    """Optax spelling of [`eqopt.ScaleByRms`][]."""
+    return ScaleByRms(decay, eps, initial_scale, eps_in_sqrt, bias_correction)
+
+
+class ScaleByStddevState(eqx.Module):
+    """The state of [`eqopt.ScaleByStddev`][]: the step count, the mean $m$ and mean square $v$."""
+
+    count: Int[Array, ""]
+    mu: Moments
+    nu: Moments
+
+
+class ScaleByStddev(AbstractGradientTransformation):
+    r"""Divides the updates by a running estimate of their standard deviation (centred RMSProp).
+
+    $$
+    \begin{aligned}
+    m_t &= \rho\, m_{t-1} + (1 - \rho)\, g_t, \qquad m_0 = 0 \\
+    v_t &= \rho\, v_{t-1} + (1 - \rho)\, |g_t|^2, \qquad v_0 = v_{\text{init}} \\
+    u_t &= g_t \,/\, \sqrt{\hat v_t - |\hat m_t|^2 + \epsilon}
+    \end{aligned}
+    $$
+
+    with $\hat m_t, \hat v_t$ the moments divided by $1 - \rho^t$ when
+    `bias_correction` is set, and $\epsilon$ outside the square root when
+    `eps_in_sqrt=False`. Complex updates are supported; $v$ is stored as a real
+    array.
+
+    **Arguments:**
+
+    - `decay`: $\rho \in [0, 1]$.
+    - `eps`: $\epsilon \ge 0$.
+    - `initial_scale`: $v_{\text{init}}$, the initial mean square.
+    - `eps_in_sqrt`: add $\epsilon$ inside the square root (default) or outside.
+    - `bias_correction`: divide both moments by $1 - \rho^t$.
+
+    **References:** Graves, *Generating Sequences With Recurrent Neural
+    Networks*, arXiv:1308.0850, 2013 (eq. 38-41), centring Tieleman & Hinton's
+    RMSProp (2012).
+    """
+
+    decay: Any = hyperparameter(default=0.9)
+    eps: Any = hyperparameter(default=1e-8)
+    initial_scale: Any = hyperparameter(default=0.0)
+    eps_in_sqrt: bool = eqx.field(default=True, static=True)
+    bias_correction: bool = eqx.field(default=False, static=True)
+    elementwise = True
+
+    def __check_init__(self):
+        _check_decay(self.decay)
+        check_hyperparameter("eps", self.eps, low=0.0)
+        check_hyperparameter("initial_scale", self.initial_scale, low=0.0)
+
+    def init(self, params: Params) -> ScaleByStddevState:
+        return ScaleByStddevState(
+            count=jnp.zeros([], jnp.int32),
+            mu=zeros_like_trainable(params),
+            nu=full_like_trainable_real(params, self.initial_scale),
+        )
+
+    def update(self, updates: Updates, state: ScaleByStddevState,
+               params: Params | None = None,
+               **extra_args: Any) -> tuple[Updates, ScaleByStddevState]:
+        decay, eps = self.decay, self.eps
+        count = safe_int32_increment(state.count)
+
+        def step(g, mu, nu):
+            new_mu = (1 - decay) * g + decay * mu
+            new_nu = (1 - decay) * abs_squared(g) + decay * nu
+            if self.bias_correction:
+                mu_hat, nu_hat = _debiased(new_mu, decay, count), _debiased(new_nu, decay, count)
+            else:
+                mu_hat, nu_hat = new_mu, new_nu
+            variance = nu_hat - abs_squared(mu_hat)
+            update = _inverse_root(variance, eps, self.eps_in_sqrt) * g
+            return update, new_mu.astype(mu.dtype), new_nu.astype(nu.dtype)
+
+        updates, mu, nu = leafwise(step, updates, state.mu, state.nu, n_out=3)
+        return updates, ScaleByStddevState(count=count, mu=mu, nu=nu)
+
+
+def scale_by_stddev(
+    decay: Any = 0.9,
+    eps: Any = 1e-8,
+    initial_scale: Any = 0.0,
+    eps_in_sqrt: bool = True,
+    bias_correction: bool = False,
+) -> ScaleByStddev:
+    """Optax spelling of [`eqopt.ScaleByStddev`][]."""
+    return ScaleByStddev(decay, eps, initial_scale, eps_in_sqrt, bias_correction)
+
+
+class ScaleByRssState(eqx.Module):
+    """The state of [`eqopt.ScaleByRss`][]: the running sum of squared updates."""
+
+    sum_of_squares: Moments
+
+
+class ScaleByRss(AbstractGradientTransformation):
+    r"""Divides the updates by the root of the sum of all their squares so far (Adagrad).
+
+    $$
+    s_t = s_{t-1} + |g_t|^2, \quad s_0 = s_{\text{init}}, \qquad
+    u_t = \begin{cases} g_t / \sqrt{s_t + \epsilon} & s_t > 0 \\ 0 & s_t = 0 \end{cases}
+    $$
+
+    Complex updates are supported ($|g|^2 = g \bar g$); $s$ is stored as a real
+    array.
+
+    **Arguments:**
+
+    - `initial_accumulator_value`: $s_{\text{init}} \ge 0$.
+    - `eps`: $\epsilon \ge 0$.
+
+    **References:** Duchi, Hazan & Singer, *Adaptive Subgradient Methods for
+    Online Learning and Stochastic Optimization*, JMLR 12, 2011.
+    """
+
+    initial_accumulator_value: Any = hyperparameter(default=0.1)
+    eps: Any = hyperparameter(default=1e-7)
+    elementwise = True
+
+    def __check_init__(self):
+        check_hyperparameter(
+            "initial_accumulator_value", self.initial_accumulator_value, low=0.0
+        )
+        check_hyperparameter("eps", self.eps, low=0.0)
+
+    def init(self, params: Params) -> ScaleByRssState:
+        return ScaleByRssState(
+            sum_of_squares=full_like_trainable_real(params, self.initial_accumulator_value)
+        )
+
+    def update(self, updates: Updates, state: ScaleByRssState,
+               params: Params | None = None,
+               **extra_args: Any) -> tuple[Updates, ScaleByRssState]:
+        eps = self.eps
+
+        def step(g, total):
+            new_total = abs_squared(g) + total
+            scaling = jnp.where(new_total > 0, jax.lax.rsqrt(new_total + eps), 0.0)
+            return scaling * g, new_total.astype(total.dtype)
+
+        updates, total = leafwise(step, updates, state.sum_of_squares, n_out=2)
+        return updates, ScaleByRssState(sum_of_squares=total)
+
+
+def scale_by_rss(initial_accumulator_value: Any = 0.1, eps: Any = 1e-7) -> ScaleByRss:
+    """Optax spelling of [`eqopt.ScaleByRss`][]."""
+    return ScaleByRss(initial_accumulator_value, eps)

@@ -1,0 +1,151 @@
+"""Sign-based scalings: signSGD's sign and Lion."""
+
+from typing import Any, Literal
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, Inexact, Int, PyTree
+
+from .._base import (
+    AbstractGradientTransformation,
+    EmptyState,
+    Params,
+    Updates,
+    leafwise,
+    zeros_like_trainable,
+)
+from .._hyper import check_hyperparameter, hyperparameter
+from .._numerics import safe_int32_increment
+
+
+class ScaleBySign(AbstractGradientTransformation):
+    r"""Replaces each element of the updates by its sign.
+
+    $$ u_t = \operatorname{sign}(g_t) \in \{-1, 0, 1\} $$
+
+    For a complex element the sign is its phase, $g / |g|$ (and $0$ at $0$).
+
+    **References:** Bernstein, Wang, Azizzadenesheli & Anandkumar, *signSGD:
+    Compressed Optimisation for Non-Convex Problems*, ICML 2018.
+    """
+
+    elementwise = True
+
+    def init(self, params: Params) -> EmptyState:
+        return EmptyState()
+
+    def update(self, updates: Updates, state: EmptyState, params: Params | None = None,
+               **extra_args: Any) -> tuple[Updates, EmptyState]:
+        return leafwise(jnp.sign, updates), state
+
+
+def scale_by_sign() -> ScaleBySign:
+    """Optax spelling of [`eqopt.ScaleBySign`][]."""
+    return ScaleBySign()
+
+
+class ScaleByLionState(eqx.Module):
+    """The state of [`eqopt.ScaleByLion`][]: the step count and the momentum $m$."""
+
+    count: Int[Array, ""]
+    mu: PyTree[Inexact[Array, "..."] | None]
+
+
+def _smooth_sign(x, beta):
+    if not jnp.iscomplexobj(x):
+        return jnp.tanh(beta * x)
+    # tanh of a complex number has poles; keep the phase and saturate the modulus.
+    modulus = jnp.abs(x)
+    positive = modulus > 0
+    safe_modulus = jnp.where(positive, modulus, 1)
+    factor = jnp.where(positive, jnp.tanh(beta * safe_modulus) / safe_modulus, beta)
+    return factor.astype(x.dtype) * x
+
+
+class ScaleByLion(AbstractGradientTransformation):
+    r"""Rescales updates with Lion: the sign of an interpolation of momentum and gradient.
+
+    $$
+    \begin{aligned}
+    c_t &= \beta_1 m_{t-1} + (1 - \beta_1)\, g_t \\
+    u_t &= \operatorname{sign}(c_t) \\
+    m_t &= \beta_2 m_{t-1} + (1 - \beta_2)\, g_t
+    \end{aligned}
+    $$
+
+    Every element of the update has magnitude one (`mode="hard"`, the paper's
+    rule), so the learning rate is typically 3-10 times smaller than Adam's.
+    Two softer variants replace the sign:
+
+    - `mode="smooth"`: $\tanh(\beta_s c_t)$;
+    - `mode="refined"`: $c_t$ where $|c_t| < 1$, $\operatorname{sign}(c_t)$ elsewhere.
+
+    For complex updates the sign is the phase $c / |c|$. In `"smooth"` mode eqopt
+    keeps the phase and applies $\tanh$ to the modulus,
+    $\tanh(\beta_s |c|)\, c / |c|$ (equal to $\tanh(\beta_s c)$ for real $c$);
+    Optax applies the complex $\tanh$, which has poles.
+
+    **Arguments:**
+
+    - `b1`: $\beta_1 \in [0, 1]$, the weight of the momentum in the update.
+    - `b2`: $\beta_2 \in [0, 1]$, the decay of the momentum.
+    - `mu_dtype`: dtype to store the momentum in (default: the params').
+    - `mode`: `"hard"`, `"smooth"` or `"refined"`, as above.
+    - `smooth_beta`: $\beta_s > 0$, the slope of the `"smooth"` sign.
+
+    **References:** Chen et al., *Symbolic Discovery of Optimization Algorithms*,
+    NeurIPS 2023.
+    """
+
+    b1: Any = hyperparameter(default=0.9)
+    b2: Any = hyperparameter(default=0.99)
+    mu_dtype: Any = eqx.field(default=None, static=True)
+    mode: Literal["hard", "smooth", "refined"] = eqx.field(default="hard", static=True)
+    smooth_beta: Any = hyperparameter(default=1.0)
+    elementwise = True
+
+    def __check_init__(self):
+        for name in ("b1", "b2"):
+            check_hyperparameter(name, getattr(self, name), low=0.0, high=1.0, high_inclusive=True)
+        if self.mode not in ("hard", "smooth", "refined"):
+            raise ValueError(
+                f"`mode` must be 'hard', 'smooth' or 'refined', got {self.mode!r}."
+            )
+        check_hyperparameter("smooth_beta", self.smooth_beta, low=0.0, low_inclusive=False)
+
+    def _sign(self, c):
+        if self.mode == "smooth":
+            return _smooth_sign(c, self.smooth_beta)
+        if self.mode == "refined":
+            return jnp.where(jnp.abs(c) < 1, c, jnp.sign(c))
+        return jnp.sign(c)
+
+    def init(self, params: Params) -> ScaleByLionState:
+        return ScaleByLionState(
+            count=jnp.zeros([], jnp.int32), mu=zeros_like_trainable(params, self.mu_dtype)
+        )
+
+    def update(self, updates: Updates, state: ScaleByLionState,
+               params: Params | None = None,
+               **extra_args: Any) -> tuple[Updates, ScaleByLionState]:
+        b1, b2 = self.b1, self.b2
+
+        def step(g, mu):
+            update = self._sign((1 - b1) * g + b1 * mu).astype(g.dtype)
+            new_mu = (1 - b2) * g + b2 * mu
+            return update, new_mu.astype(mu.dtype)
+
+        updates, mu = leafwise(step, updates, state.mu, n_out=2)
+        return updates, ScaleByLionState(count=safe_int32_increment(state.count), mu=mu)
+
+
+def scale_by_lion(
+    b1: Any = 0.9,
+    b2: Any = 0.99,
+    mu_dtype: Any = None,
+    *,
+    mode: Literal["hard", "smooth", "refined"] = "hard",
+    smooth_beta: Any = 1.0,
+) -> ScaleByLion:
+    """Optax spelling of [`eqopt.ScaleByLion`][]."""
+    return ScaleByLion(b1, b2, mu_dtype, mode, smooth_beta)

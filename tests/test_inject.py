@@ -1,0 +1,461 @@
+"""Tests for `inject_hyperparams` and `inject_stateful_hyperparams` beyond the registry.
+
+Optax is the oracle: every behaviour is compared with `optax.inject_hyperparams`
+(which, in Optax 0.2.8, is also its stateful version).
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from helpers import assert_tree_allclose
+from jaxtyping import Array, Float
+
+import eqopt
+import eqopt.schedules
+import eqopt.tree
+
+
+def _params():
+    return {
+        "w": jnp.linspace(-1.0, 1.0, 6).reshape(2, 3),
+        "b": jnp.array([0.5, -0.25, 2.0]),
+    }
+
+
+def _grads(step):
+    key = jax.random.key(step)
+    return {
+        "w": jax.random.normal(key, (2, 3)),
+        "b": jax.random.normal(jax.random.split(key)[0], (3,)),
+    }
+
+
+def _schedule(count):
+    return 0.1 / (1.0 + count)
+
+
+# `b2` is injected too, so both sides compute `1 - b2` from the same float32 value
+# and agree to rounding (see test_adam_complement_rounding in test_transforms.py).
+def _adam_then_rate(learning_rate, b1=0.9, b2=0.999):
+    return eqopt.chain(
+        eqopt.scale_by_adam(b1=b1, b2=b2), eqopt.scale_by_learning_rate(learning_rate)
+    )
+
+
+def _optax_adam_then_rate(learning_rate, b1=0.9, b2=0.999):
+    return optax.chain(
+        optax.scale_by_adam(b1=b1, b2=b2), optax.scale_by_learning_rate(learning_rate)
+    )
+
+
+def _run_both(tx, reference, steps, params=None, change=None, extra_args=None):
+    """Runs both transforms side by side; `change(step, state)` may edit both states."""
+    params = _params() if params is None else params
+    state, reference_state = tx.init(params), reference.init(params)
+    for step in range(steps):
+        if change is not None:
+            state = change(step, state)
+            reference_state = change(step, reference_state)
+        grads = _grads(step)
+        extra = {} if extra_args is None else extra_args(step)
+        updates, state = tx.update(grads, state, params, **extra)
+        reference_updates, reference_state = reference.update(
+            grads, reference_state, params, **extra
+        )
+        # Optax computes `1 - b2**t` under jit (a general power), eqopt eagerly
+        # (repeated multiplication for a concrete integer `t`): up to 1e-5 apart.
+        assert_tree_allclose(updates, reference_updates, rtol=5e-5, atol=1e-7)
+        assert_tree_allclose(
+            state.hyperparams, dict(reference_state.hyperparams), rtol=1e-6, atol=0
+        )
+    return state, reference_state
+
+
+# ---------------------------------------------------------------------------
+# Reading and changing hyperparameters
+# ---------------------------------------------------------------------------
+
+
+def test_read_hyperparams_after_init():
+    tx = eqopt.inject_hyperparams(eqopt.scale_by_adam)(b1=0.8)
+    state = tx.init(_params())
+    assert isinstance(tx, eqopt.InjectHyperparams)
+    assert isinstance(state, eqopt.InjectHyperparamsState)
+    assert set(state.hyperparams) == {
+        "b1",
+        "b2",
+        "eps",
+        "eps_root",
+    }  # defaults included
+    reference = optax.inject_hyperparams(optax.scale_by_adam)(b1=0.8).init(_params())
+    assert_tree_allclose(state.hyperparams, dict(reference.hyperparams), rtol=0, atol=0)
+    assert (
+        state.hyperparams["b1"].dtype == jnp.float32
+        and not state.hyperparams["b1"].weak_type
+    )
+
+
+def test_change_learning_rate_in_state_as_in_optax():
+    """Assigning into `state.hyperparams` changes the next update exactly as in Optax."""
+
+    def change(step, state):
+        if step == 2:
+            state.hyperparams["learning_rate"] = 0.01
+        if step == 3:
+            state.hyperparams["b1"] = jnp.asarray(0.5)
+        return state
+
+    tx = eqopt.inject_hyperparams(_adam_then_rate)(learning_rate=0.1)
+    reference = optax.inject_hyperparams(_optax_adam_then_rate)(learning_rate=0.1)
+    state, _ = _run_both(tx, reference, steps=5, change=change)
+    assert float(state.hyperparams["learning_rate"]) == pytest.approx(0.01)
+    assert float(state.hyperparams["b1"]) == 0.5
+    assert state.hyperparams["learning_rate"].dtype == jnp.float32
+
+
+def test_change_with_tree_at_under_jit_does_not_retrace():
+    tx = eqopt.inject_hyperparams(eqopt.scale_by_learning_rate)(learning_rate=0.1)
+    params, grads = _params(), _grads(0)
+    traces = []
+
+    @eqx.filter_jit
+    def step(tx, state):
+        traces.append(None)
+        return tx.update(grads, state, params)
+
+    state = tx.init(params)
+    updates, state = step(tx, state)
+    assert_tree_allclose(updates, jax.tree.map(lambda g: -0.1 * g, grads))
+    for learning_rate in (0.02, 0.3):
+        state = eqx.tree_at(
+            lambda s: s.hyperparams["learning_rate"], state, jnp.float32(learning_rate)
+        )
+        updates, state = step(tx, state)
+        assert_tree_allclose(
+            updates, jax.tree.map(lambda g, lr=learning_rate: -lr * g, grads)
+        )
+    assert len(traces) == 1
+
+
+def test_eqopt_tree_get_and_set_on_injected_state():
+    tx = eqopt.inject_hyperparams(_adam_then_rate)(learning_rate=0.1)
+    params = _params()
+    state = tx.init(params)
+    assert float(eqopt.tree.get(state, "learning_rate")) == pytest.approx(0.1)
+    state = eqopt.tree.set(state, learning_rate=jnp.asarray(0.0))
+    updates, state = tx.update(_grads(0), state, params)
+    assert_tree_allclose(updates, jax.tree.map(jnp.zeros_like, params), rtol=0, atol=0)
+    assert state.hyperparams["learning_rate"].dtype == jnp.float32
+
+
+def test_schedule_evaluated_each_step():
+    tx = eqopt.inject_hyperparams(eqopt.scale_by_learning_rate)(learning_rate=_schedule)
+    reference = optax.inject_hyperparams(optax.scale_by_learning_rate)(
+        learning_rate=_schedule
+    )
+    params = _params()
+    state = tx.init(params)
+    assert float(state.hyperparams["learning_rate"]) == pytest.approx(_schedule(0))
+    for step in range(4):
+        grads = _grads(step)
+        updates, state = tx.update(grads, state, params)
+        # The state holds the value this update used: the schedule at the old count.
+        assert float(state.hyperparams["learning_rate"]) == pytest.approx(
+            _schedule(step)
+        )
+        assert int(state.count) == step + 1
+        assert_tree_allclose(
+            updates, jax.tree.map(lambda g, t=step: -_schedule(t) * g, grads)
+        )
+    _run_both(tx, reference, steps=4)
+
+
+def test_replacing_a_scheduled_value_has_no_effect():
+    def change(step, state):
+        state.hyperparams["learning_rate"] = 123.0
+        return state
+
+    tx = eqopt.inject_hyperparams(eqopt.scale_by_learning_rate)(learning_rate=_schedule)
+    reference = optax.inject_hyperparams(optax.scale_by_learning_rate)(
+        learning_rate=_schedule
+    )
+    state, _ = _run_both(tx, reference, steps=3, change=change)
+    assert float(state.hyperparams["learning_rate"]) == pytest.approx(_schedule(2))
+
+
+def test_schedule_module_and_positional_arguments():
+    schedule = eqopt.schedules.warmup_cosine_decay_schedule(0.0, 0.1, 2, 6)
+    tx = eqopt.inject_hyperparams(_adam_then_rate)(schedule, 0.7)
+    reference = optax.inject_hyperparams(_optax_adam_then_rate)(
+        optax.warmup_cosine_decay_schedule(0.0, 0.1, 2, 6), 0.7
+    )
+    assert set(tx.schedules) == {"learning_rate"} and set(tx.hyperparams) == {
+        "b1",
+        "b2",
+    }
+    _run_both(tx, reference, steps=7)
+
+
+def test_static_args_pass_callables_through():
+    tx = eqopt.inject_hyperparams(eqopt.add_decayed_weights, static_args="mask")(
+        0.1, mask=lambda x: x.ndim > 1
+    )
+    assert tx.other_args["mask"] is not None and "mask" not in tx.schedules
+    reference = optax.inject_hyperparams(
+        optax.add_decayed_weights, static_args=("mask",)
+    )(0.1, mask=lambda p: {k: v.ndim > 1 for k, v in p.items()})
+    _run_both(tx, reference, steps=2)
+
+
+def test_hyperparam_dtype():
+    low = {"w": jnp.ones(3, jnp.bfloat16)}
+    # As in Optax, floats follow the highest dtype of the params...
+    state = eqopt.inject_hyperparams(eqopt.scale_by_learning_rate)(0.1).init(low)
+    assert state.hyperparams["learning_rate"].dtype == jnp.bfloat16
+    reference = optax.inject_hyperparams(optax.scale_by_learning_rate)(0.1).init(low)
+    assert reference.hyperparams["learning_rate"].dtype == jnp.bfloat16
+    # ... unless fixed.
+    tx = eqopt.inject_hyperparams(
+        eqopt.scale_by_learning_rate, hyperparam_dtype=jnp.float32
+    )(0.1)
+    state = tx.init(low)
+    assert state.hyperparams["learning_rate"].dtype == jnp.float32
+    updates, state = tx.update({"w": jnp.ones(3, jnp.bfloat16)}, state, low)
+    assert updates["w"].dtype == jnp.bfloat16
+    # Mixed: the highest. Complex: its real dtype (Optax would store complex).
+    mixed = {
+        "a": jnp.ones(2, jnp.bfloat16),
+        "b": jnp.ones(2, jnp.float32),
+        "i": jnp.arange(2),
+    }
+    assert (
+        eqopt.inject_hyperparams(eqopt.scale)(0.5)
+        .init(mixed)
+        .hyperparams["step_size"]
+        .dtype
+        == jnp.float32
+    )
+    complex_params = {"z": jnp.ones(2, jnp.complex64)}
+    state = eqopt.inject_hyperparams(eqopt.scale)(0.5).init(complex_params)
+    assert state.hyperparams["step_size"].dtype == jnp.float32
+
+
+def test_strongly_typed_values_and_ints_kept():
+    def factory(step_size, every):
+        return eqopt.scale(step_size * every)
+
+    tx = eqopt.inject_hyperparams(factory)(jnp.bfloat16(0.5), 3)
+    state = tx.init(_params())
+    assert state.hyperparams["step_size"].dtype == jnp.bfloat16
+    assert jnp.issubdtype(state.hyperparams["every"].dtype, jnp.integer)
+    updates, _ = tx.update(_grads(0), state, _params())
+    assert_tree_allclose(updates, jax.tree.map(lambda g: 1.5 * g, _grads(0)), rtol=1e-2)
+
+
+# ---------------------------------------------------------------------------
+# Factories
+# ---------------------------------------------------------------------------
+
+
+def test_module_class_as_factory():
+    tx = eqopt.inject_hyperparams(eqopt.ScaleByAdam)(b1=0.5, nesterov=True)
+    assert tx.other_args["nesterov"] is True
+    reference = optax.inject_hyperparams(optax.scale_by_adam)(b1=0.5, nesterov=True)
+    _run_both(tx, reference, steps=2)
+
+
+def test_positional_only_and_var_keyword_factory():
+    def factory(learning_rate, /, **kwargs):
+        return eqopt.chain(
+            eqopt.trace(**kwargs), eqopt.scale_by_learning_rate(learning_rate)
+        )
+
+    tx = eqopt.inject_hyperparams(factory)(0.1, decay=0.5)
+    assert set(tx.hyperparams) == {"learning_rate", "decay"}
+    state = tx.init(_params())
+    state = eqx.tree_at(lambda s: s.hyperparams["decay"], state, jnp.float32(0.0))
+    grads = _grads(0)
+    _, state = tx.update(grads, state)
+    updates, state = tx.update(grads, state)
+    # With decay 0 the trace is the gradient itself.
+    assert_tree_allclose(updates, jax.tree.map(lambda g: -0.1 * g, grads))
+
+
+@pytest.mark.skipif(not hasattr(eqopt, "adam"), reason="eqopt.adam not yet available")
+def test_adam_alias_with_schedule():
+    schedule = optax.linear_schedule(0.1, 0.01, 3)
+    tx = eqopt.inject_hyperparams(eqopt.adam)(learning_rate=schedule, b1=0.8)
+    reference = optax.inject_hyperparams(optax.adam)(learning_rate=schedule, b1=0.8)
+    _run_both(tx, reference, steps=4)
+
+
+# ---------------------------------------------------------------------------
+# Stateful schedules
+# ---------------------------------------------------------------------------
+
+
+class HalveOnIncrease(eqopt.AbstractStatefulSchedule):
+    """Halves the value whenever the loss is worse than the best so far."""
+
+    init_value: float
+
+    def init(self) -> dict[str, Float[Array, ""]]:
+        return {"scale": jnp.array(1.0), "best": jnp.array(jnp.inf)}
+
+    def update(self, state, *, loss, **extra_args):
+        worse = loss > state["best"]
+        return {
+            "scale": jnp.where(worse, state["scale"] / 2, state["scale"]),
+            "best": jnp.minimum(loss, state["best"]),
+        }
+
+    def __call__(self, state, **extra_args):
+        return self.init_value * state["scale"]
+
+
+LOSSES = [3.0, 2.0, 2.5, 1.0, 1.5, 1.8]
+
+
+def test_stateful_schedule_matches_optax():
+    schedule = HalveOnIncrease(0.4)
+    tx = eqopt.inject_hyperparams(_adam_then_rate)(learning_rate=schedule)
+    assert isinstance(tx, eqopt.InjectStatefulHyperparams)
+    # The same object satisfies Optax's StatefulSchedule protocol.
+    reference = optax.inject_hyperparams(_optax_adam_then_rate)(learning_rate=schedule)
+    state, _ = _run_both(
+        tx,
+        reference,
+        steps=len(LOSSES),
+        extra_args=lambda step: {"loss": jnp.asarray(LOSSES[step])},
+    )
+    assert isinstance(state, eqopt.InjectStatefulHyperparamsState)
+    # Worse at steps 2, 4 and 5: halved three times, the last halving not used yet.
+    assert float(state.hyperparams["learning_rate"]) == pytest.approx(0.1)
+    assert float(state.hyperparams_states["learning_rate"]["scale"]) == pytest.approx(
+        0.125
+    )
+
+
+def test_stateful_schedule_under_jit():
+    tx = eqopt.inject_stateful_hyperparams(eqopt.scale_by_learning_rate)(
+        learning_rate=HalveOnIncrease(0.4)
+    )
+    params, grads = _params(), _grads(0)
+    traces = []
+
+    @eqx.filter_jit
+    def step(tx, state, loss):
+        traces.append(None)
+        return tx.update(grads, state, params, loss=loss)
+
+    state = tx.init(params)
+    for loss in LOSSES:
+        updates, state = step(tx, state, jnp.asarray(loss))
+    assert len(traces) == 1
+    assert_tree_allclose(updates, jax.tree.map(lambda g: -0.1 * g, grads))
+
+
+def test_stateful_wrapper_with_plain_schedule():
+    tx = eqopt.inject_stateful_hyperparams(eqopt.scale_by_learning_rate)(
+        learning_rate=_schedule, flip_sign=False
+    )
+    assert isinstance(tx, eqopt.InjectStatefulHyperparams)
+    state = tx.init(_params())
+    assert isinstance(
+        state.hyperparams_states["learning_rate"], eqopt.ScheduleCountState
+    )
+    for step in range(3):
+        grads = _grads(step)
+        updates, state = tx.update(grads, state)
+        assert_tree_allclose(
+            updates, jax.tree.map(lambda g, t=step: _schedule(t) * g, grads)
+        )
+    assert int(state.hyperparams_states["learning_rate"].count) == 3 == int(state.count)
+
+
+def test_inject_hyperparams_class_rejects_stateful_schedule():
+    with pytest.raises(TypeError, match="`learning_rate` is a stateful schedule"):
+        eqopt.InjectHyperparams(
+            eqopt.scale_by_learning_rate, kwargs={"learning_rate": HalveOnIncrease(0.1)}
+        )
+
+
+# ---------------------------------------------------------------------------
+# Bad input
+# ---------------------------------------------------------------------------
+
+
+def test_unknown_hyperparameter_name():
+    with pytest.raises(
+        TypeError, match="'lr' is not an argument of scale_by_learning_rate"
+    ):
+        eqopt.inject_hyperparams(eqopt.scale_by_learning_rate)(lr=0.1)
+    with pytest.raises(ValueError, match="static_args.*'msk'"):
+        eqopt.inject_hyperparams(eqopt.add_decayed_weights, static_args="msk")
+
+
+def test_non_numeric_value():
+    with pytest.raises(
+        TypeError, match="Hyperparameter `b1` of scale_by_adam must be a number"
+    ):
+        eqopt.inject_hyperparams(eqopt.scale_by_adam)(b1="fast")
+    # An argument without a numeric default is checked by the factory itself,
+    # when the transform is built (with a note saying where).
+    with pytest.raises(Exception, match="learning_rate") as info:
+        eqopt.inject_hyperparams(eqopt.scale_by_learning_rate)(learning_rate="fast")
+    assert any(
+        "inject_hyperparams" in note for note in getattr(info.value, "__notes__", [])
+    )
+    # The factory's range checks run at construction too.
+    with pytest.raises(ValueError, match="b1") as info:
+        eqopt.inject_hyperparams(eqopt.scale_by_adam)(b1=1.5)
+
+
+def test_bad_state_hyperparams():
+    tx = eqopt.inject_hyperparams(eqopt.scale_by_learning_rate)(0.1)
+    params = _params()
+    state = tx.init(params)
+    state.hyperparams["learning_rate"] = "fast"
+    with pytest.raises(
+        TypeError, match="Hyperparameter `learning_rate`.*must be a number"
+    ):
+        tx.update(_grads(0), state, params)
+    state = tx.init(params)
+    state.hyperparams["lr"] = 0.1
+    with pytest.raises(KeyError, match="'lr'"):
+        tx.update(_grads(0), state, params)
+
+
+def test_schedule_returning_non_numeric():
+    with pytest.raises(
+        TypeError, match="Hyperparameter `learning_rate` \\(value of its schedule\\)"
+    ):
+        eqopt.inject_hyperparams(eqopt.scale_by_learning_rate)(
+            learning_rate=lambda count: "fast"
+        )
+
+
+def test_elementwise_follows_inner():
+    assert eqopt.inject_hyperparams(eqopt.scale_by_adam)().elementwise
+    masked = eqopt.inject_hyperparams(eqopt.add_decayed_weights, static_args="mask")(
+        0.1, mask=lambda x: x.ndim > 1
+    )
+    assert not masked.elementwise
+
+
+def test_vmap_over_initial_value():
+    """The injected transform is a pytree: a sweep over a hyperparameter is one vmap."""
+    params, grads = _params(), _grads(0)
+
+    def run(learning_rate):
+        tx = eqopt.inject_hyperparams(eqopt.scale_by_learning_rate)(learning_rate)
+        updates, _ = tx.update(grads, tx.init(params), params)
+        return updates["b"]
+
+    swept = jax.vmap(run)(jnp.array([0.1, 0.2]))
+    np.testing.assert_allclose(
+        swept, jnp.stack([-0.1 * grads["b"], -0.2 * grads["b"]]), rtol=1e-6
+    )
