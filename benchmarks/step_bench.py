@@ -48,7 +48,6 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 import eqopt  # noqa: E402
-import eqopt.schedules  # noqa: E402
 
 LIBRARIES = ("eqopt", "optax")
 CASES = ("adam", "adamw", "clip+adamw+cos")
@@ -150,7 +149,7 @@ def make_eqopt(case, total_steps):
         return eqopt.adam(LEARNING_RATE)
     if case == "adamw":
         return eqopt.adamw(LEARNING_RATE, weight_decay=WEIGHT_DECAY)
-    schedule = eqopt.schedules.warmup_cosine_decay_schedule(
+    schedule = eqopt.warmup_cosine_decay_schedule(
         0.0, LEARNING_RATE, total_steps // 10, total_steps, end_value=LEARNING_RATE / 100
     )
     return eqopt.chain(
@@ -240,7 +239,7 @@ class Runner:
 
 def max_relative_difference(a, b):
     worst = 0.0
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
         worst = max(worst, float(np.max(np.abs(x - y)) / (np.max(np.abs(y)) + 1e-30)))
     return worst
@@ -372,7 +371,7 @@ def table(results):
 
     def line(cells):
         return "| " + " | ".join(
-            c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))
+            c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
         ) + " |"
 
     out = [line(header)]

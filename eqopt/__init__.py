@@ -79,7 +79,7 @@ with _jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
         WarmupConstantSchedule as WarmupConstantSchedule,
         WarmupCosineDecaySchedule as WarmupCosineDecaySchedule,
         WarmupExponentialDecaySchedule as WarmupExponentialDecaySchedule,
-        WrappedSchedule as WrappedSchedule,
+        FunctionSchedule as FunctionSchedule,
     )
     from ._numerics import (
         bias_correction as bias_correction,
@@ -182,6 +182,7 @@ with _jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
         selective_transform as selective_transform,
     )
     from ._wrappers.inject import (
+        WrappedSchedule as WrappedSchedule,
         AbstractStatefulSchedule as AbstractStatefulSchedule,
         InjectHyperparams as InjectHyperparams,
         InjectHyperparamsState as InjectHyperparamsState,

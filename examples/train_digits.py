@@ -8,7 +8,7 @@ per-leaf predicate `lambda x: x.ndim > 1` (an Equinox filter spec).
 
     python examples/train_digits.py --steps 1500 --seed 0 --plot digits_training.png
 
-Runs on CPU in a few seconds; the data ship with scikit-learn (no download).
+Runs on CPU in about ten seconds; the data ship with scikit-learn (no download).
 """
 
 import argparse
@@ -24,7 +24,6 @@ from sklearn.model_selection import train_test_split
 from tqdm import tqdm
 
 import eqopt
-import eqopt.schedules
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -79,7 +78,7 @@ def load_data(seed: int):
 
 
 def make_optimizer(steps: int):
-    schedule = eqopt.schedules.warmup_cosine_decay_schedule(
+    schedule = eqopt.warmup_cosine_decay_schedule(
         init_value=0.0,
         peak_value=3e-3,
         warmup_steps=steps // 20,

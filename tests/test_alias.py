@@ -201,3 +201,22 @@ def test_rmsprop_parts():
     assert isinstance(eqopt.rmsprop(0.1)[2], eqopt.Identity)
     assert eqopt.rmsprop(0.1, momentum=0.5, nesterov=True)[2].nesterov
     assert eqopt.nadam(0.1).scale_by_adam.nesterov and not eqopt.adam(0.1).scale_by_adam.nesterov
+
+
+def test_learning_rate_changed_by_name_without_retrace():
+    params = {"w": jnp.ones(3)}
+    grads = {"w": jnp.full(3, 0.5)}
+    traces = []
+
+    @eqx.filter_jit
+    def step(opt, state):
+        traces.append(None)
+        return opt.update(grads, state, params)
+
+    opt = eqopt.adamw(1e-3)
+    state = opt.init(params)
+    first, _ = step(opt, state)
+    faster = eqx.tree_at(lambda o: o.scale_by_learning_rate.learning_rate, opt, jnp.asarray(2e-3))
+    second, _ = step(faster, state)
+    assert len(traces) == 1
+    np.testing.assert_allclose(second["w"], 2 * first["w"], rtol=1e-6)

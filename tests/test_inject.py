@@ -459,3 +459,25 @@ def test_vmap_over_initial_value():
     np.testing.assert_allclose(
         swept, jnp.stack([-0.1 * grads["b"], -0.2 * grads["b"]]), rtol=1e-6
     )
+
+
+def test_wrapped_schedule_matches_optax():
+    """`WrappedSchedule` is Optax's: a plain schedule made stateful, counting its own steps."""
+    import optax
+
+    schedule = lambda count: 0.1 / (1.0 + count)  # noqa: E731
+    params = {"w": jnp.arange(3.0)}
+    grads = {"w": jnp.array([1.0, -2.0, 0.5])}
+    ours = eqopt.inject_stateful_hyperparams(eqopt.scale_by_learning_rate)(
+        learning_rate=eqopt.WrappedSchedule(schedule)
+    )
+    theirs = optax.inject_stateful_hyperparams(optax.scale_by_learning_rate)(
+        learning_rate=optax.WrappedSchedule(schedule)
+    )
+    state, reference_state = ours.init(params), theirs.init(params)
+    for _ in range(4):
+        updates, state = ours.update(grads, state, params)
+        reference_updates, reference_state = theirs.update(grads, reference_state, params)
+        np.testing.assert_allclose(updates["w"], reference_updates["w"], rtol=1e-6)
+    wrapped = eqopt.WrappedSchedule(schedule)
+    assert float(wrapped(wrapped.update(wrapped.init()))) == pytest.approx(0.05)

@@ -29,7 +29,7 @@ def _assert_same(x, y):
     x_leaves = jax.tree.leaves(x, is_leaf=_is_none)
     y_leaves = jax.tree.leaves(y, is_leaf=_is_none)
     assert len(x_leaves) == len(y_leaves)
-    for a, b in zip(x_leaves, y_leaves):
+    for a, b in zip(x_leaves, y_leaves, strict=True):
         assert (a is None) == (b is None)
         if a is not None:
             assert a.dtype == b.dtype

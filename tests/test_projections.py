@@ -111,13 +111,13 @@ CASES = [
 
 
 def ours(case: Case) -> Callable[..., Any]:
-    fn = getattr(eqopt.projections, case.name)
-    return lambda x: fn(x, *case.args(), **case.kwargs)
+    fn, args = getattr(eqopt.projections, case.name), case.args()
+    return lambda x: fn(x, *args, **case.kwargs)
 
 
 def theirs(case: Case) -> Callable[..., Any]:
-    fn = getattr(optax.projections, case.name)
-    return lambda x: fn(x, *case.args(), **case.kwargs)
+    fn, args = getattr(optax.projections, case.name), case.args()
+    return lambda x: fn(x, *args, **case.kwargs)
 
 
 # ---------------------------------------------------------------------------

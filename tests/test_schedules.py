@@ -393,7 +393,7 @@ def test_abstract_or_final():
     classes = [
         obj
         for obj in vars(schedules).values()
-        if inspect.isclass(obj) and obj.__module__.startswith("eqopt")
+        if inspect.isclass(obj) and obj.__module__.startswith("eqopt.schedules")
     ]
     assert schedules.AbstractSchedule in classes
     for cls in classes:
@@ -409,22 +409,22 @@ def test_abstract_or_final():
 
 
 def test_wrapped_plain_callable():
-    schedule = schedules.WrappedSchedule(lambda count: 0.1 / (1 + count))
+    schedule = schedules.FunctionSchedule(lambda count: 0.1 / (1 + count))
     assert_tree_allclose(schedule(9), jnp.asarray(0.01))
     assert_tree_allclose(eqx.filter_jit(schedule)(jnp.int32(9)), jnp.asarray(0.01))
     values = jax.vmap(schedule)(jnp.arange(3))
     assert_tree_allclose(values, 0.1 / (1 + jnp.arange(3.0)))
     # An integer result comes back as a float; an Optax schedule can be wrapped.
-    assert schedules.WrappedSchedule(lambda count: 3)(0).dtype == jnp.float32
+    assert schedules.FunctionSchedule(lambda count: 3)(0).dtype == jnp.float32
     wrapped_optax = schedules.as_schedule(optax.cosine_decay_schedule(1.0, 10))
-    assert isinstance(wrapped_optax, schedules.WrappedSchedule)
+    assert isinstance(wrapped_optax, schedules.FunctionSchedule)
     assert_tree_allclose(wrapped_optax(4), schedules.cosine_decay_schedule(1.0, 10)(4))
     # `as_schedule` keeps schedules and wraps numbers.
     cosine = schedules.CosineDecaySchedule(1.0, 10)
     assert schedules.as_schedule(cosine) is cosine
     assert isinstance(schedules.as_schedule(0.5), schedules.ConstantSchedule)
     with pytest.raises(TypeError):
-        schedules.WrappedSchedule(0.5)
+        schedules.FunctionSchedule(0.5)
 
 
 def test_validation_like_optax():

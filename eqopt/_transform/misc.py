@@ -137,7 +137,7 @@ class KeepParamsNonnegative(AbstractGradientTransformation):
             raise ValueError(
                 "keep_params_nonnegative needs `params`: call `update(updates, state, params)`."
             )
-        for path, leaf in zip(_paths(params), jax.tree.leaves(params, is_leaf=is_none)):
+        for path, leaf in zip(_paths(params), jax.tree.leaves(params, is_leaf=is_none), strict=True):
             if is_trainable(leaf) and jnp.iscomplexobj(leaf):
                 raise ValueError(
                     f"keep_params_nonnegative needs real parameters; the one at {path} is "

@@ -116,8 +116,19 @@ class ScheduleCountState(eqx.Module):
     count: Int[Array, ""]
 
 
-class _CountingSchedule(AbstractStatefulSchedule):
-    # A plain schedule seen as a stateful one: its state is its own step count.
+class WrappedSchedule(AbstractStatefulSchedule):
+    """Turns a plain schedule into a stateful one whose state is its step count.
+
+    This is Optax's `WrappedSchedule`: `init()` starts the count at zero,
+    `update(state)` adds one, and `__call__(state)` evaluates the schedule at
+    the count. [`eqopt.inject_stateful_hyperparams`][] wraps plain schedules
+    this way itself; use it directly to mix plain and stateful schedules by hand.
+
+    **Arguments:**
+
+    - `schedule_fn`: a schedule, or any callable of the step count.
+    """
+
     schedule_fn: Callable[..., Any]
 
     def init(self) -> ScheduleCountState:
@@ -133,7 +144,7 @@ class _CountingSchedule(AbstractStatefulSchedule):
 
 
 def _as_stateful(schedule: Any) -> Any:
-    return schedule if _is_stateful_schedule(schedule) else _CountingSchedule(schedule)
+    return schedule if _is_stateful_schedule(schedule) else WrappedSchedule(schedule)
 
 
 # ---------------------------------------------------------------------------

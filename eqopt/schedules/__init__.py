@@ -8,7 +8,7 @@ defaults returning that class.
 from ._base import (
     AbstractSchedule as AbstractSchedule,
     ConstantSchedule as ConstantSchedule,
-    WrappedSchedule as WrappedSchedule,
+    FunctionSchedule as FunctionSchedule,
     as_schedule as as_schedule,
     constant_schedule as constant_schedule,
 )
@@ -43,4 +43,14 @@ from ._piecewise import (
     linear_onecycle_schedule as linear_onecycle_schedule,
     piecewise_constant_schedule as piecewise_constant_schedule,
     piecewise_interpolate_schedule as piecewise_interpolate_schedule,
+)
+
+# Optax's `optax.schedules` also holds the injection wrappers.
+from .._wrappers.inject import (  # noqa: E402
+    AbstractStatefulSchedule as AbstractStatefulSchedule,
+    InjectHyperparamsState as InjectHyperparamsState,
+    InjectStatefulHyperparamsState as InjectStatefulHyperparamsState,
+    WrappedSchedule as WrappedSchedule,
+    inject_hyperparams as inject_hyperparams,
+    inject_stateful_hyperparams as inject_stateful_hyperparams,
 )

@@ -87,7 +87,7 @@ class AbstractSchedule(eqx.Module):
     shape of the schedule (`transition_steps`, `boundaries`...) are static.
 
     Subclasses implement `__call__`. A plain Python callable is turned into a
-    schedule by [`eqopt.schedules.WrappedSchedule`][] (or
+    schedule by [`eqopt.schedules.FunctionSchedule`][] (or
     [`eqopt.schedules.as_schedule`][]).
 
     !!! example
@@ -169,7 +169,7 @@ def constant_schedule(value: Real[ArrayLike, ""]) -> ConstantSchedule:
     return ConstantSchedule(value=value)
 
 
-class WrappedSchedule(AbstractSchedule):
+class FunctionSchedule(AbstractSchedule):
     """A schedule that calls a plain function of the step count.
 
     This is how any callable `count -> value` (an Optax schedule, a `lambda`)
@@ -178,7 +178,7 @@ class WrappedSchedule(AbstractSchedule):
     `jax.tree_util.Partial`), its array leaves are leaves of this schedule; a
     plain function is a static part of it.
 
-    Optax's `WrappedSchedule` turns a schedule into a stateful one for
+    Optax's `FunctionSchedule` turns a schedule into a stateful one for
     `inject_stateful_hyperparams`; here every schedule is a function of the
     step count, so this class only adapts the calling convention.
 
@@ -189,7 +189,7 @@ class WrappedSchedule(AbstractSchedule):
     !!! example
 
         ```python
-        schedule = eqopt.schedules.WrappedSchedule(lambda count: 0.1 / (1 + count))
+        schedule = eqopt.schedules.FunctionSchedule(lambda count: 0.1 / (1 + count))
         schedule(9)  # Array(0.01, dtype=float32, weak_type=True)
         ```
     """
@@ -216,7 +216,7 @@ def as_schedule(value: Any) -> AbstractSchedule:
     """Turns a number or any callable into an eqopt schedule.
 
     A schedule is returned unchanged, another callable is wrapped in a
-    [`eqopt.schedules.WrappedSchedule`][], and a number in a
+    [`eqopt.schedules.FunctionSchedule`][], and a number in a
     [`eqopt.schedules.ConstantSchedule`][]. Use it wherever a hyperparameter
     may be given as a number, a schedule or a plain function.
 
@@ -231,5 +231,5 @@ def as_schedule(value: Any) -> AbstractSchedule:
     if isinstance(value, AbstractSchedule):
         return value
     if callable(value):
-        return WrappedSchedule(value)
+        return FunctionSchedule(value)
     return ConstantSchedule(value)
