@@ -49,6 +49,8 @@ with _jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
     from ._filters import FilterSpec as FilterSpec
     from ._hyper import ScalarOrSchedule as ScalarOrSchedule
     from . import schedules as schedules
+    from . import projections as projections, tree as tree
+    from .tree import map_params as tree_map_params
     from .schedules import (
         AbstractSchedule as AbstractSchedule,
         as_schedule as as_schedule,

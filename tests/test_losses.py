@@ -10,6 +10,7 @@ inputs, the documented differences from Optax, and the docstrings.
 
 import dataclasses
 import inspect
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -110,7 +111,9 @@ def _log_predictions_and_targets(shape=(3, 5), normalised=True):
     def make(key):
         k1, k2 = jax.random.split(key)
         if normalised:
-            return jax.nn.log_softmax(_normal(k1, shape)), jax.nn.softmax(_normal(k2, shape))
+            return jax.nn.log_softmax(_normal(k1, shape)), jax.nn.softmax(
+                _normal(k2, shape)
+            )
         return _normal(k1, shape, 0.5), jnp.exp(_normal(k2, shape, 0.5))
 
     return make
@@ -118,7 +121,9 @@ def _log_predictions_and_targets(shape=(3, 5), normalised=True):
 
 def _log_predictions_and_log_targets(key):
     k1, k2 = jax.random.split(key)
-    return jax.nn.log_softmax(_normal(k1, (3, 5))), jax.nn.log_softmax(_normal(k2, (3, 5)))
+    return jax.nn.log_softmax(_normal(k1, (3, 5))), jax.nn.log_softmax(
+        _normal(k2, (3, 5))
+    )
 
 
 def _smooth_inputs(key):
@@ -200,6 +205,8 @@ class Case:
     grad_atol: float = 1e-5
     #: Optax's gradient has NaNs here (ours must be finite); compared elsewhere.
     optax_nan_gradient: bool = False
+    #: Whether Optax's function can be jitted.
+    jit: bool = True
 
 
 def _with_where(make_where):
@@ -228,22 +235,14 @@ CASES = [
     Case("l2_loss", "l2_loss", _regression()),
     Case("l2_loss-no-targets", "l2_loss", lambda k: (_normal(k, (3, 4)),)),
     Case("squared_error", "squared_error", _regression()),
-    Case("huber_loss", "huber_loss", _regression(scale=2.0)),
     Case("huber_loss-delta", "huber_loss", _regression(scale=2.0), {"delta": 0.5}),
     Case("log_cosh", "log_cosh", _regression(scale=5.0)),
     Case("cosine_similarity", "cosine_similarity", _regression()),
     Case(
-        "cosine_similarity-epsilon",
+        "cosine_similarity-epsilon-axis0",
         "cosine_similarity",
-        _regression(scale=0.1),
-        {"epsilon": 0.3},
-    ),
-    Case("cosine_similarity-axis0", "cosine_similarity", _regression(), {"axis": 0}),
-    Case(
-        "cosine_similarity-axis-none",
-        "cosine_similarity",
-        _regression(),
-        {"axis": None},
+        _regression(scale=0.2),
+        {"epsilon": 0.3, "axis": 0},
     ),
     Case(
         "cosine_similarity-where",
@@ -251,21 +250,15 @@ CASES = [
         _regression(),
         _with_where(_full_where),
     ),
-    Case("cosine_distance", "cosine_distance", _regression()),
+    Case("cosine_distance-axis-none", "cosine_distance", _regression(), {"axis": None}),
     Case(
-        "cosine_distance-where",
+        "cosine_distance-where-axes",
         "cosine_distance",
         _regression((2, 3, 4)),
         lambda args: {"where": _full_where(args), "axis": (0, 2)},
     ),
     # Classification.
     Case("softmax_cross_entropy", "softmax_cross_entropy", _logits_and_distribution()),
-    Case(
-        "softmax_cross_entropy-axis0",
-        "softmax_cross_entropy",
-        _logits_and_distribution(axis=0),
-        {"axis": 0},
-    ),
     Case(
         "softmax_cross_entropy-axes",
         "softmax_cross_entropy",
@@ -304,14 +297,8 @@ CASES = [
         _logits_and_indices((5, 3), (3,), 5),
         {"axis": 0},
     ),
-    Case(
+    Case(  # A label is a row-major index into the slice, axes in the order given.
         "softmax_cross_entropy_with_integer_labels-axes",
-        "softmax_cross_entropy_with_integer_labels",
-        _logits_and_indices((1, 2, 3, 4), (1, 2), 12),
-        {"axis": (2, 3)},
-    ),
-    Case(
-        "softmax_cross_entropy_with_integer_labels-axes-reversed",
         "softmax_cross_entropy_with_integer_labels",
         _logits_and_indices((2, 3, 4), (3,), 8),
         {"axis": (2, 0)},
@@ -345,16 +332,10 @@ CASES = [
     ),
     Case("sigmoid_focal_loss", "sigmoid_focal_loss", _logits_and_binary()),
     Case(
-        "sigmoid_focal_loss-alpha",
-        "sigmoid_focal_loss",
-        _logits_and_binary(soft=False),
-        {"alpha": 0.25, "gamma": 1.5},
-    ),
-    Case(
-        "sigmoid_focal_loss-int-gamma",
+        "sigmoid_focal_loss-int-alpha-gamma",
         "sigmoid_focal_loss",
         _logits_and_binary(soft=False, integer=True),
-        {"gamma": 0.5},
+        {"alpha": 0.25, "gamma": 0.5},
     ),
     Case(
         "poly_loss_cross_entropy",
@@ -362,16 +343,10 @@ CASES = [
         _logits_and_distribution(),
     ),
     Case(
-        "poly_loss_cross_entropy-epsilon-axis0",
+        "poly_loss_cross_entropy-where-epsilon-axis0",
         "poly_loss_cross_entropy",
         _logits_and_distribution(axis=0),
-        {"epsilon": -1.0, "axis": 0},
-    ),
-    Case(
-        "poly_loss_cross_entropy-where",
-        "poly_loss_cross_entropy",
-        _logits_and_distribution(),
-        _with_where(_full_where),
+        lambda args: {"where": _full_where(args), "epsilon": -1.0, "axis": 0},
         optax_nan_gradient=True,
     ),
     Case("smooth_labels", "smooth_labels", _smooth_inputs),
@@ -379,17 +354,12 @@ CASES = [
     Case(
         "hinge_loss",
         "hinge_loss",
+        _logits_and_binary(soft=False, signed=True, integer=True),
+    ),
+    Case(
+        "perceptron_loss",
+        "perceptron_loss",
         _logits_and_binary(soft=False, signed=True),
-    ),
-    Case(
-        "hinge_loss-int",
-        "hinge_loss",
-        _logits_and_binary(soft=False, signed=True, integer=True),
-    ),
-    Case(
-        "perceptron_loss",
-        "perceptron_loss",
-        _logits_and_binary(soft=False, signed=True, integer=True),
     ),
     Case(
         "multiclass_hinge_loss",
@@ -420,21 +390,10 @@ CASES = [
     # Divergences.
     Case("kl_divergence", "kl_divergence", _log_predictions_and_targets()),
     Case(
-        "kl_divergence-axis-none",
+        "kl_divergence-where-axis-none",
         "kl_divergence",
         _log_predictions_and_targets(),
-        {"axis": None},
-    ),
-    Case(
-        "kl_divergence-where",
-        "kl_divergence",
-        _log_predictions_and_targets(),
-        _with_where(_full_where),
-    ),
-    Case(
-        "kl_divergence_with_log_targets",
-        "kl_divergence_with_log_targets",
-        _log_predictions_and_log_targets,
+        lambda args: {"where": _full_where(args), "axis": None},
     ),
     Case(
         "kl_divergence_with_log_targets-where",
@@ -459,7 +418,6 @@ CASES = [
         _log_predictions_and_targets(normalised=False),
     ),
     # Sequences.
-    Case("ctc_loss", "ctc_loss", _ctc_inputs, grad_argnums=(0,)),
     Case(
         "ctc_loss-blank-epsilon",
         "ctc_loss",
@@ -474,8 +432,7 @@ CASES = [
         grad_argnums=(0,),
     ),
     # Self-supervised and ranking.
-    Case("ntxent", "ntxent", _ntxent_inputs),
-    Case("ntxent-temperature", "ntxent", _ntxent_inputs, {"temperature": 0.5}),
+    Case("ntxent", "ntxent", _ntxent_inputs, {"temperature": 0.5}),
     Case("triplet_margin_loss", "triplet_margin_loss", _triplet_inputs()),
     Case(
         "triplet_margin_loss-degree4-axis0",
@@ -485,12 +442,12 @@ CASES = [
     ),
     Case("ranking_softmax_loss", "ranking_softmax_loss", _ranking_inputs),
     Case(
-        "ranking_softmax_loss-unreduced",
+        "ranking_softmax_loss-weights-unreduced",
         "ranking_softmax_loss",
         _ranking_inputs,
-        {"reduce_fn": None},
+        lambda args: {"weights": jnp.exp(args[0]), "reduce_fn": None},
     ),
-    Case(  # Optax's gradient is NaN for the list with no item.
+    Case(  # Optax's gradient wrt the labels of left-out items is NaN.
         "ranking_softmax_loss-where-weights-sum",
         "ranking_softmax_loss",
         _ranking_inputs,
@@ -525,14 +482,17 @@ CASES = [
             "ignore_background": True,
         },
     ),
-    Case(
+    Case(  # Optax checks the probabilities by value, so it cannot be jitted.
         "dice_loss-probabilities-axis",
         "dice_loss",
         _segmentation_inputs(probabilities=True),
         {"apply_softmax": False, "axis": (1,)},
+        jit=False,
     ),
     Case("dice_loss-single-class", "dice_loss", _binary_segmentation_inputs((2, 3, 1))),
-    Case("binary_dice_loss", "binary_dice_loss", _binary_segmentation_inputs((2, 3, 3))),
+    Case(
+        "binary_dice_loss", "binary_dice_loss", _binary_segmentation_inputs((2, 3, 3))
+    ),
     Case(
         "binary_dice_loss-class-axis",
         "binary_dice_loss",
@@ -562,8 +522,9 @@ def _call(case: Case, namespace, args):
         fn = case.build(fn)
     kwargs = case.kwargs(args) if callable(case.kwargs) else case.kwargs
     if namespace is optax.losses:
-        # Some Optax losses rely on implicit rank promotion.
-        with jax.numpy_rank_promotion("allow"):
+        # Some Optax losses rely on implicit rank promotion; one is deprecated.
+        with jax.numpy_rank_promotion("allow"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
             return fn(*args, **kwargs)
     return fn(*args, **kwargs)
 
@@ -582,14 +543,24 @@ def _grad_argnums(case: Case, args) -> tuple[int, ...]:
     )
 
 
-def _summed_loss(case, namespace):
+def _value_and_grad(case: Case, namespace, args, argnums):
+    """The loss and the gradient of its sum, computed under one `jit`."""
+
     def summed(*args):
         value = _call(case, namespace, args)
-        if isinstance(value, tuple):  # (loss, forward probabilities...)
-            value = value[0]
-        return jnp.sum(value)
+        loss = value[0] if isinstance(value, tuple) else value  # ctc forward probs
+        return jnp.sum(loss), value
 
-    return summed
+    def value_and_grad(*args):
+        (_, value), grads = jax.value_and_grad(summed, argnums=argnums, has_aux=True)(
+            *args
+        )
+        return value, grads
+
+    # One compilation is much cheaper than op-by-op dispatch of the same graph.
+    if case.jit or namespace is losses:
+        value_and_grad = jax.jit(value_and_grad)
+    return value_and_grad(*args)
 
 
 # ---------------------------------------------------------------------------
@@ -604,33 +575,31 @@ def test_registry_covers_every_public_name():
 
 
 @pytest.mark.parametrize("case", CASES, ids=_ids)
-def test_value_parity(case):
+def test_parity_with_optax(case):
+    """Same values, and same gradients of the summed loss wrt the floating inputs."""
     args = _args(case, CASES.index(case))
-    ours = _call(case, losses, args)
-    theirs = _call(case, optax.losses, args)
-    assert jax.tree.structure(ours) == jax.tree.structure(tuple(theirs) if isinstance(theirs, tuple) else theirs)
-    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
+    argnums = _grad_argnums(case, args)
+    ours, our_grads = _value_and_grad(case, losses, args, argnums)
+    theirs, their_grads = _value_and_grad(case, optax.losses, args, argnums)
+    if isinstance(theirs, tuple):
+        theirs = tuple(theirs)
+    assert jax.tree.structure(ours) == jax.tree.structure(theirs)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
         assert a.shape == b.shape
         assert jnp.all(jnp.isfinite(a))
     assert_tree_allclose(ours, theirs, rtol=case.rtol, atol=case.atol)
 
-
-@pytest.mark.parametrize("case", CASES, ids=_ids)
-def test_gradient_parity(case):
-    args = _args(case, CASES.index(case))
-    argnums = _grad_argnums(case, args)
-    if not argnums:
-        pytest.skip("no floating input")
-    ours = jax.grad(_summed_loss(case, losses), argnums=argnums)(*args)
-    theirs = jax.grad(_summed_loss(case, optax.losses), argnums=argnums)(*args)
-    for leaf in jax.tree.leaves(ours):
+    for leaf in jax.tree.leaves(our_grads):
         assert jnp.all(jnp.isfinite(leaf))
-    finite = jax.tree.map(jnp.isfinite, theirs)
-    assert all(jnp.all(f) for f in jax.tree.leaves(finite)) != case.optax_nan_gradient
+    finite = jax.tree.map(jnp.isfinite, their_grads)
+    all_finite = all(bool(jnp.all(f)) for f in jax.tree.leaves(finite))
+    assert all_finite != case.optax_nan_gradient
     if case.optax_nan_gradient:
-        ours = jax.tree.map(lambda x, f: jnp.where(f, x, 0), ours, finite)
-        theirs = jax.tree.map(lambda x, f: jnp.where(f, x, 0), theirs, finite)
-    assert_tree_allclose(ours, theirs, rtol=case.grad_rtol, atol=case.grad_atol)
+        our_grads = jax.tree.map(lambda x, f: jnp.where(f, x, 0), our_grads, finite)
+        their_grads = jax.tree.map(lambda x, f: jnp.where(f, x, 0), their_grads, finite)
+    assert_tree_allclose(
+        our_grads, their_grads, rtol=case.grad_rtol, atol=case.grad_atol
+    )
 
 
 @pytest.mark.parametrize("name", PUBLIC_NAMES)
@@ -638,7 +607,7 @@ def test_signature_matches_optax(name):
     ours = inspect.signature(getattr(losses, name)).parameters
     theirs = inspect.signature(getattr(optax.losses, name)).parameters
     assert list(ours) == list(theirs)
-    for parameter, other in zip(ours.values(), theirs.values()):
+    for parameter, other in zip(ours.values(), theirs.values(), strict=True):
         assert parameter.kind == other.kind, parameter.name
         assert parameter.default == other.default, parameter.name
 
@@ -678,7 +647,9 @@ def test_fenchel_young_loss_is_a_module():
     assert first == second and hash(first) == hash(second)
     scores = jnp.array([[1.0, 2.0, 0.5]])
     targets = jnp.array([[0.0, 1.0, 0.0]])
-    assert_tree_allclose(first(scores, targets), losses.softmax_cross_entropy(scores, targets))
+    assert_tree_allclose(
+        first(scores, targets), losses.softmax_cross_entropy(scores, targets)
+    )
     with pytest.raises(ValueError, match="must map a vector to a scalar"):
         losses.make_fenchel_young_loss(lambda x: x)(scores, targets)
 
@@ -687,11 +658,19 @@ def test_fenchel_young_loss_is_a_module():
 # Edges: finite values and gradients.
 
 
-def _assert_finite_grads(fn, *args, argnums=0):
-    grads = jax.grad(lambda *a: jnp.sum(fn(*a)), argnums=argnums)(*args)
-    for leaf in jax.tree.leaves(grads):
-        assert jnp.all(jnp.isfinite(leaf)), grads
-    return grads
+def _finite_value_and_grads(fn, *args, argnums=0):
+    """`fn(*args)` and the gradient of its sum (one `jit`), both checked finite."""
+
+    def summed(*a):
+        value = fn(*a)
+        return jnp.sum(value), value
+
+    (_, value), grads = jax.jit(
+        jax.value_and_grad(summed, argnums=argnums, has_aux=True)
+    )(*args)
+    for leaf in jax.tree.leaves((value, grads)):
+        assert jnp.all(jnp.isfinite(leaf)), (value, grads)
+    return value, grads
 
 
 MASKED_LOGITS = jnp.array([[1.0, 2.0, -jnp.inf], [0.5, -1.0, 2.0]])
@@ -699,31 +678,35 @@ MASKED_LABELS = jnp.array([[0.3, 0.7, 0.0], [0.0, 1.0, 0.0]])
 
 
 @pytest.mark.parametrize(
-    "name", ["softmax_cross_entropy", "safe_softmax_cross_entropy", "poly_loss_cross_entropy"]
+    "name",
+    ["softmax_cross_entropy", "safe_softmax_cross_entropy", "poly_loss_cross_entropy"],
 )
 def test_minus_inf_logits_with_zero_label(name):
     fn = getattr(losses, name)
-    value = fn(MASKED_LOGITS, MASKED_LABELS)
-    assert jnp.all(jnp.isfinite(value))
-    # The masked class changes nothing: same as dropping it.
-    dropped = fn(MASKED_LOGITS[:1, :2], MASKED_LABELS[:1, :2])
-    assert_tree_allclose(value[0], dropped[0])
-    grads = _assert_finite_grads(fn, MASKED_LOGITS, MASKED_LABELS, argnums=(0, 1))
+    value, grads = _finite_value_and_grads(
+        fn, MASKED_LOGITS, MASKED_LABELS, argnums=(0, 1)
+    )
     assert grads[0][0, 2] == 0
+    # The masked class changes nothing: same as dropping it.
+    dropped = jax.jit(fn)(MASKED_LOGITS[:1, :2], MASKED_LABELS[:1, :2])
+    assert_tree_allclose(value[0], dropped[0])
 
 
-def test_minus_inf_logits_integer_labels():
+def test_minus_inf_logits_integer_labels_and_ranking():
     labels = jnp.array([1, 0])
-    value = losses.softmax_cross_entropy_with_integer_labels(MASKED_LOGITS, labels)
-    assert jnp.all(jnp.isfinite(value))
-    _assert_finite_grads(losses.softmax_cross_entropy_with_integer_labels, MASKED_LOGITS, labels)
-    assert_tree_allclose(value, optax.losses.softmax_cross_entropy_with_integer_labels(MASKED_LOGITS, labels))
-
-
-def test_minus_inf_logits_ranking():
-    value = losses.ranking_softmax_loss(MASKED_LOGITS, MASKED_LABELS, reduce_fn=None)
-    assert jnp.all(jnp.isfinite(value))
-    _assert_finite_grads(losses.ranking_softmax_loss, MASKED_LOGITS, MASKED_LABELS)
+    value, _ = _finite_value_and_grads(
+        losses.softmax_cross_entropy_with_integer_labels, MASKED_LOGITS, labels
+    )
+    assert_tree_allclose(
+        value,
+        losses.safe_softmax_cross_entropy(MASKED_LOGITS, jax.nn.one_hot(labels, 3)),
+    )
+    _finite_value_and_grads(
+        lambda x, y: losses.ranking_softmax_loss(x, y, reduce_fn=None),
+        MASKED_LOGITS,
+        MASKED_LABELS,
+        argnums=(0, 1),
+    )
 
 
 EXTREME_LOGITS = jnp.array([jnp.inf, -jnp.inf, 50.0, -50.0, 0.0])
@@ -742,10 +725,8 @@ EXTREME_LABELS = jnp.array([1.0, 0.0, 1.0, 0.0, 1.0])
     ids=["bce", "focal", "focal-gamma0.5", "focal-gamma0", "sparsemax"],
 )
 def test_saturated_binary_predictions(fn):
-    value = fn(EXTREME_LOGITS, EXTREME_LABELS)
-    assert jnp.all(jnp.isfinite(value))
+    value, _ = _finite_value_and_grads(fn, EXTREME_LOGITS, EXTREME_LABELS)
     assert_tree_allclose(value[:4], jnp.zeros(4))
-    _assert_finite_grads(fn, EXTREME_LOGITS, EXTREME_LABELS)
 
 
 def test_focal_gamma_zero_is_cross_entropy():
@@ -756,22 +737,22 @@ def test_focal_gamma_zero_is_cross_entropy():
     )
 
 
-def test_zero_targets_in_divergences():
-    log_predictions = jnp.array([[jnp.log(0.4), jnp.log(0.6), -jnp.inf]])
-    targets = jnp.array([[0.5, 0.5, 0.0]])
-    for fn in (
+@pytest.mark.parametrize(
+    "fn",
+    [
         losses.kl_divergence,
         losses.generalized_kl_divergence,
         losses.convex_kl_divergence,
-    ):
-        assert jnp.all(jnp.isfinite(fn(log_predictions, targets)))
-        _assert_finite_grads(fn, log_predictions, targets, argnums=(0, 1))
-    log_targets = jnp.log(targets)
-    value = losses.kl_divergence_with_log_targets(log_predictions, log_targets)
-    assert_tree_allclose(value, losses.kl_divergence(log_predictions, targets))
-    _assert_finite_grads(
-        losses.kl_divergence_with_log_targets, log_predictions, log_targets, argnums=(0, 1)
-    )
+        lambda x, y: losses.kl_divergence_with_log_targets(x, jnp.log(y)),
+    ],
+    ids=["kl", "generalized", "convex", "log-targets"],
+)
+def test_zero_targets_in_divergences(fn):
+    log_predictions = jnp.array([[jnp.log(0.4), jnp.log(0.6), -jnp.inf]])
+    targets = jnp.array([[0.5, 0.5, 0.0]])
+    value, _ = _finite_value_and_grads(fn, log_predictions, targets, argnums=(0, 1))
+    expected = 0.5 * jnp.log(0.5 / 0.4) + 0.5 * jnp.log(0.5 / 0.6)
+    assert_tree_allclose(value, jnp.array([expected]))
 
 
 def _empty_where_cases():
@@ -794,23 +775,28 @@ def _empty_where_cases():
 
 
 @pytest.mark.parametrize(
-    "name, args, kwargs", _empty_where_cases(), ids=lambda x: x if isinstance(x, str) else ""
+    "name, args, kwargs",
+    _empty_where_cases(),
+    ids=lambda x: x if isinstance(x, str) else "",
 )
 def test_where_selecting_nothing(name, args, kwargs):
     fn = getattr(losses, name)
     nothing = jnp.zeros(args[0].shape, bool)
-    partly = nothing.at[0].set(True)  # first row selected, second empty
-    fn_nothing = lambda *a: fn(*a, where=nothing, **kwargs)
-    value = fn_nothing(*args)
+    floating = tuple(
+        i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.floating)
+    )
+    value, grads = _finite_value_and_grads(
+        lambda *a: fn(*a, where=nothing, **kwargs), *args, argnums=floating
+    )
     expected = 1.0 if name == "cosine_distance" else 0.0
     assert_tree_allclose(value, jnp.full_like(value, expected))
-    floating = tuple(i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.floating))
-    grads = _assert_finite_grads(fn_nothing, *args, argnums=floating)
     for leaf in jax.tree.leaves(grads):
         assert_tree_allclose(leaf, jnp.zeros_like(leaf))
-    partial = fn(*args, where=partly, **kwargs)
-    assert jnp.all(jnp.isfinite(partial))
-    _assert_finite_grads(lambda *a: fn(*a, where=partly, **kwargs), *args, argnums=floating)
+    # First row selected, second empty.
+    partly = nothing.at[0].set(True)
+    _finite_value_and_grads(
+        lambda *a: fn(*a, where=partly, **kwargs), *args, argnums=floating
+    )
 
 
 def test_smooth_labels_where_selecting_nothing():
@@ -821,27 +807,22 @@ def test_smooth_labels_where_selecting_nothing():
     assert_tree_allclose(smoothed[1], labels[1])
 
 
-def test_ctc_all_padding_labels():
-    logits, logit_paddings, labels, _ = _ctc_inputs(jax.random.key(0))
-    label_paddings = jnp.ones(labels.shape)
-    loss = losses.ctc_loss(logits, logit_paddings, labels, label_paddings)
+def test_ctc_padding():
+    logits, logit_paddings, labels, label_paddings = _ctc_inputs(jax.random.key(0))
+
+    def loss(logits, logit_paddings, label_paddings):
+        return losses.ctc_loss(logits, logit_paddings, labels, label_paddings)
+
+    # Labels that are all padding: the probability of blanks on every frame.
+    no_labels = jnp.ones(labels.shape)
+    value, _ = _finite_value_and_grads(loss, logits, logit_paddings, no_labels)
     log_blank = jax.nn.log_softmax(logits)[..., 0]
     expected = -jnp.sum(jnp.where(logit_paddings > 0.5, 0, log_blank), axis=1)
-    assert_tree_allclose(loss, expected, rtol=1e-5, atol=1e-5)
-    _assert_finite_grads(
-        lambda x: losses.ctc_loss(x, logit_paddings, labels, label_paddings), logits
-    )
-    assert_tree_allclose(loss, optax.losses.ctc_loss(logits, logit_paddings, labels, label_paddings))
-
-
-def test_ctc_all_padding_frames_and_boolean_paddings():
-    logits, _, labels, label_paddings = _ctc_inputs(jax.random.key(0))
-    logit_paddings = jnp.ones(logits.shape[:2], bool)
-    loss = losses.ctc_loss(logits, logit_paddings, labels, label_paddings > 0.5)
-    assert jnp.all(jnp.isfinite(loss))
-    _assert_finite_grads(
-        lambda x: losses.ctc_loss(x, logit_paddings, labels, label_paddings), logits
-    )
+    assert_tree_allclose(value, expected, rtol=1e-5, atol=1e-5)
+    # Frames that are all padding, given as booleans.
+    no_frames = jnp.ones(logits.shape[:2], bool)
+    value, _ = _finite_value_and_grads(loss, logits, no_frames, label_paddings > 0.5)
+    assert_tree_allclose(value, jnp.array([1e5 - np.log(2)] * 3), rtol=1e-6)
 
 
 def test_ctc_against_brute_force():
@@ -854,7 +835,9 @@ def test_ctc_against_brute_force():
     target = list(np.asarray(labels[0]))
     total = 0.0
     for path in itertools.product(range(logits.shape[-1]), repeat=4):
-        collapsed = [s for i, s in enumerate(path) if s != 0 and (i == 0 or s != path[i - 1])]
+        collapsed = [
+            s for i, s in enumerate(path) if s != 0 and (i == 0 or s != path[i - 1])
+        ]
         if collapsed == target:
             total += np.exp(sum(log_probs[t, s] for t, s in enumerate(path)))
     loss = losses.ctc_loss(logits, jnp.zeros((1, 4)), labels, jnp.zeros((1, 2)))
@@ -863,32 +846,31 @@ def test_ctc_against_brute_force():
 
 def test_ntxent_edges():
     embeddings = _normal(jax.random.key(0), (4, 3))
-    no_positives = jnp.arange(4)
-    assert losses.ntxent(embeddings, no_positives) == 0
-    _assert_finite_grads(losses.ntxent, embeddings, no_positives)
-    labels = jnp.array([0, 0, 1, 1])
-    zero_row = embeddings.at[0].set(0.0)
-    assert jnp.isfinite(losses.ntxent(zero_row, labels))
-    _assert_finite_grads(losses.ntxent, zero_row, labels)
-    assert losses.ntxent(embeddings, jnp.zeros(4, jnp.int32)) == 0  # no negatives
+    loss = _finite_value_and_grads
+
+    value, _ = loss(losses.ntxent, embeddings, jnp.arange(4))  # no positive pair
+    assert value == 0
+    value, _ = loss(losses.ntxent, embeddings, jnp.zeros(4, jnp.int32))  # no negative
+    assert value == 0
+    loss(losses.ntxent, embeddings.at[0].set(0.0), jnp.array([0, 0, 1, 1]))
 
 
-def test_triplet_and_cosine_coincident_or_zero_vectors():
+def test_coincident_or_zero_vectors():
     anchors = _normal(jax.random.key(0), (3, 4))
-    _assert_finite_grads(
-        lambda a: losses.triplet_margin_loss(a, a, -a), anchors
-    )
+    _finite_value_and_grads(lambda a: losses.triplet_margin_loss(a, a, -a), anchors)
     zeros = jnp.zeros((3, 4))
-    assert_tree_allclose(losses.cosine_similarity(zeros, anchors), jnp.zeros(3))
-    _assert_finite_grads(losses.cosine_similarity, zeros, anchors, argnums=(0, 1))
+    value, _ = _finite_value_and_grads(
+        losses.cosine_similarity, zeros, anchors, argnums=(0, 1)
+    )
+    assert_tree_allclose(value, jnp.zeros(3))
 
 
 def test_generalized_dice_absent_class():
     predictions, targets = _segmentation_inputs()(jax.random.key(0))
     targets = targets.at[..., 2].set(0.0)
-    value = losses.multiclass_generalized_dice_loss(predictions, targets)
-    assert jnp.isfinite(value)
-    _assert_finite_grads(losses.multiclass_generalized_dice_loss, predictions, targets)
+    _finite_value_and_grads(
+        losses.multiclass_generalized_dice_loss, predictions, targets, argnums=(0, 1)
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -937,7 +919,9 @@ _TYPE_ERROR = jaxtyping.TypeCheckError
             "parameter 'labels'",
         ),
         (
-            lambda: losses.multiclass_sparsemax_loss(jnp.zeros((2, 4)), jnp.array([0, 1, 2])),
+            lambda: losses.multiclass_sparsemax_loss(
+                jnp.zeros((2, 4)), jnp.array([0, 1, 2])
+            ),
             _TYPE_ERROR,
             "parameter 'labels'",
         ),
@@ -947,7 +931,9 @@ _TYPE_ERROR = jaxtyping.TypeCheckError
             "parameter 'labels'",
         ),
         (
-            lambda: losses.sigmoid_binary_cross_entropy(jnp.zeros((4, 1)), jnp.zeros(4)),
+            lambda: losses.sigmoid_binary_cross_entropy(
+                jnp.zeros((4, 1)), jnp.zeros(4)
+            ),
             _TYPE_ERROR,
             "parameter 'labels'",
         ),
@@ -957,7 +943,9 @@ _TYPE_ERROR = jaxtyping.TypeCheckError
             "parameter 'targets'",
         ),
         (
-            lambda: losses.kl_divergence(jnp.zeros((2, 3)), jnp.zeros((2, 3)), where=jnp.ones((2, 3))),
+            lambda: losses.kl_divergence(
+                jnp.zeros((2, 3)), jnp.zeros((2, 3)), where=jnp.ones((2, 3))
+            ),
             _TYPE_ERROR,
             "parameter 'where'",
         ),
@@ -969,20 +957,28 @@ _TYPE_ERROR = jaxtyping.TypeCheckError
             r"`where` must have shape \(2, 3\) or \(2,\)",
         ),
         (
-            lambda: losses.cosine_similarity(jnp.zeros((2, 3)), jnp.zeros((2, 3)), axis=2),
+            lambda: losses.cosine_similarity(
+                jnp.zeros((2, 3)), jnp.zeros((2, 3)), axis=2
+            ),
             ValueError,
             "out of range",
         ),
         (
             lambda: losses.ctc_loss(
-                jnp.zeros((2, 5, 3)), jnp.zeros((2, 5)), jnp.zeros((2, 2)), jnp.zeros((2, 2))
+                jnp.zeros((2, 5, 3)),
+                jnp.zeros((2, 5)),
+                jnp.zeros((2, 2)),
+                jnp.zeros((2, 2)),
             ),
             _TYPE_ERROR,
             "parameter 'labels'",
         ),
         (
             lambda: losses.ctc_loss(
-                jnp.zeros((2, 5, 3)), jnp.zeros((2, 4)), jnp.zeros((2, 2), jnp.int32), jnp.zeros((2, 2))
+                jnp.zeros((2, 5, 3)),
+                jnp.zeros((2, 4)),
+                jnp.zeros((2, 2), jnp.int32),
+                jnp.zeros((2, 2)),
             ),
             _TYPE_ERROR,
             "parameter 'logit_paddings'",
@@ -993,17 +989,23 @@ _TYPE_ERROR = jaxtyping.TypeCheckError
             "parameter 'labels'",
         ),
         (
-            lambda: losses.dice_loss(jnp.zeros((2, 3, 3)), jnp.zeros((2, 3, 3)), reduction="avg"),
+            lambda: losses.dice_loss(
+                jnp.zeros((2, 3, 3)), jnp.zeros((2, 3, 3)), reduction="avg"
+            ),
             _TYPE_ERROR,
             "parameter 'reduction'",
         ),
         (
-            lambda: losses.dice_loss(jnp.zeros((2, 3, 3)), jnp.zeros((2, 3, 3)), axis=(1, 2)),
+            lambda: losses.dice_loss(
+                jnp.zeros((2, 3, 3)), jnp.zeros((2, 3, 3)), axis=(1, 2)
+            ),
             ValueError,
             "includes the class axis",
         ),
         (
-            lambda: losses.triplet_margin_loss(jnp.zeros((2, 3)), jnp.zeros((2, 3)), jnp.zeros((3, 3))),
+            lambda: losses.triplet_margin_loss(
+                jnp.zeros((2, 3)), jnp.zeros((2, 3)), jnp.zeros((3, 3))
+            ),
             _TYPE_ERROR,
             "parameter 'negatives'",
         ),
@@ -1025,7 +1027,9 @@ def test_bad_inputs_raise_under_jit():
 
 
 def test_difference_softmax_cross_entropy_minus_inf():
-    assert jnp.all(jnp.isnan(optax.losses.softmax_cross_entropy(MASKED_LOGITS, MASKED_LABELS)[0]))
+    assert jnp.all(
+        jnp.isnan(optax.losses.softmax_cross_entropy(MASKED_LOGITS, MASKED_LABELS)[0])
+    )
     assert_tree_allclose(
         losses.softmax_cross_entropy(MASKED_LOGITS, MASKED_LABELS),
         optax.losses.safe_softmax_cross_entropy(MASKED_LOGITS, MASKED_LABELS),
@@ -1033,8 +1037,16 @@ def test_difference_softmax_cross_entropy_minus_inf():
 
 
 def test_difference_saturated_sigmoid_cross_entropy():
-    assert jnp.any(jnp.isnan(optax.losses.sigmoid_binary_cross_entropy(EXTREME_LOGITS, EXTREME_LABELS)))
-    assert jnp.all(jnp.isfinite(losses.sigmoid_binary_cross_entropy(EXTREME_LOGITS, EXTREME_LABELS)))
+    assert jnp.any(
+        jnp.isnan(
+            optax.losses.sigmoid_binary_cross_entropy(EXTREME_LOGITS, EXTREME_LABELS)
+        )
+    )
+    assert jnp.all(
+        jnp.isfinite(
+            losses.sigmoid_binary_cross_entropy(EXTREME_LOGITS, EXTREME_LABELS)
+        )
+    )
 
 
 def test_difference_kl_with_impossible_predictions():
@@ -1050,10 +1062,12 @@ def test_difference_kl_with_impossible_predictions():
 
 def test_difference_cosine_similarity_zero_vector():
     zeros, other = jnp.zeros((1, 3)), jnp.ones((1, 3))
-    assert jnp.isnan(optax.losses.cosine_similarity(zeros, other)[0])
-    assert losses.cosine_similarity(zeros, other)[0] == 0
+    assert jnp.isnan(jax.jit(optax.losses.cosine_similarity)(zeros, other)[0])
+    assert jax.jit(losses.cosine_similarity)(zeros, other)[0] == 0
     where = jnp.zeros((1, 3), bool)
-    optax_grad = jax.grad(lambda x: optax.losses.cosine_similarity(x, other, where=where).sum())(other)
+    optax_grad = jax.jit(
+        jax.grad(lambda x: optax.losses.cosine_similarity(x, other, where=where).sum())
+    )(other)
     assert jnp.any(jnp.isnan(optax_grad))
 
 
@@ -1069,17 +1083,21 @@ def test_difference_smooth_labels_where():
 
 def test_difference_ntxent_without_positive_pairs():
     embeddings = _normal(jax.random.key(0), (4, 3))
-    assert jnp.isnan(optax.losses.ntxent(embeddings, jnp.arange(4)))
-    assert losses.ntxent(embeddings, jnp.arange(4)) == 0
+    assert jnp.isnan(jax.jit(optax.losses.ntxent)(embeddings, jnp.arange(4)))
+    assert jax.jit(losses.ntxent)(embeddings, jnp.arange(4)) == 0
 
 
 def test_difference_triplet_odd_degree():
     anchors, positives, negatives = _triplet_inputs()(jax.random.key(0))
-    ours = losses.triplet_margin_loss(anchors, positives, negatives, norm_degree=1, eps=0.0)
+    ours = losses.triplet_margin_loss(
+        anchors, positives, negatives, norm_degree=1, eps=0.0
+    )
     l1 = lambda x, y: jnp.sum(jnp.abs(x - y), axis=-1)
     expected = jax.nn.relu(l1(anchors, positives) - l1(anchors, negatives) + 1.0)
     assert_tree_allclose(ours, expected)
-    theirs = optax.losses.triplet_margin_loss(anchors, positives, negatives, norm_degree=1, eps=0.0)
+    theirs = optax.losses.triplet_margin_loss(
+        anchors, positives, negatives, norm_degree=1, eps=0.0
+    )
     assert not jnp.allclose(ours, theirs)
 
 
@@ -1093,8 +1111,12 @@ def test_difference_dice_without_activation():
         losses.binary_dice_loss(predictions, targets),
     )
     multiclass, one_hot = _segmentation_inputs(probabilities=True)(jax.random.key(1))
-    jitted = jax.jit(lambda p: losses.dice_loss(p, one_hot, apply_softmax=False))(multiclass)
-    assert_tree_allclose(jitted, optax.losses.dice_loss(multiclass, one_hot, apply_softmax=False))
+    jitted = jax.jit(lambda p: losses.dice_loss(p, one_hot, apply_softmax=False))(
+        multiclass
+    )
+    assert_tree_allclose(
+        jitted, optax.losses.dice_loss(multiclass, one_hot, apply_softmax=False)
+    )
 
 
 @pytest.mark.parametrize(
@@ -1109,14 +1131,16 @@ def test_difference_dice_without_activation():
 )
 def test_difference_no_implicit_broadcasting(name):
     predictions, targets = jnp.zeros((4, 1)), jnp.arange(4.0)
+    ours, theirs = getattr(losses, name), getattr(optax.losses, name)
     with jax.numpy_rank_promotion("allow"):
-        assert getattr(optax.losses, name)(predictions, targets).shape == (4, 4)
+        assert jax.eval_shape(theirs, predictions, targets).shape == (4, 4)
     with pytest.raises(_TYPE_ERROR):
-        getattr(losses, name)(predictions, targets)
-    assert getattr(losses, name)(predictions[:, 0], targets).shape == (4,)
+        jax.eval_shape(ours, predictions, targets)
+    assert jax.eval_shape(ours, predictions[:, 0], targets).shape == (4,)
 
 
 def test_sparsemax_many_batch_axes():
     scores, labels = _logits_and_indices((2, 3, 5), (2, 3), 5)(jax.random.key(0))
-    flat = losses.multiclass_sparsemax_loss(scores.reshape(6, 5), labels.reshape(6))
-    assert_tree_allclose(losses.multiclass_sparsemax_loss(scores, labels), flat.reshape(2, 3))
+    loss = jax.jit(losses.multiclass_sparsemax_loss)
+    flat = loss(scores.reshape(6, 5), labels.reshape(6))
+    assert_tree_allclose(loss(scores, labels), flat.reshape(2, 3))

@@ -16,6 +16,7 @@ from helpers import tree_allclose
 
 import eqopt
 import eqopt.projections
+import eqopt.tree
 
 PUBLIC_NAMES = [
     "projection_non_negative", "projection_box", "projection_hypercube",
@@ -37,7 +38,10 @@ def vector(seed: int, n: int = 7, scale: float = 1.0) -> jax.Array:
 @functools.cache
 def tree(seed: int, scale: float = 1.0) -> dict:
     k1, k2 = jax.random.split(jax.random.key(seed))
-    return {"w": scale * jax.random.normal(k1, (3, 2)), "b": scale * jax.random.normal(k2, (4,))}
+    return {
+        "w": scale * jax.random.normal(k1, (3, 2)),
+        "b": scale * jax.random.normal(k2, (4,)),
+    }
 
 
 @functools.cache
@@ -73,7 +77,12 @@ CASES = [
     Case("non_negative", "projection_non_negative", lambda: vector(0)),
     Case("non_negative-tree", "projection_non_negative", lambda: tree(0)),
     Case("box", "projection_box", lambda: vector(0), lambda: (-0.5, 0.4)),
-    Case("box-arrays", "projection_box", lambda: vector(0), lambda: (-vector(1) ** 2, vector(2) ** 2)),
+    Case(
+        "box-arrays",
+        "projection_box",
+        lambda: vector(0),
+        lambda: (-(vector(1) ** 2), vector(2) ** 2),
+    ),
     Case(
         "box-tree-bounds",
         "projection_box",
@@ -83,13 +92,20 @@ CASES = [
     Case("hypercube", "projection_hypercube", lambda: vector(0)),
     Case("hypercube-scale", "projection_hypercube", lambda: vector(0), lambda: (0.5,)),
     Case("linf_ball", "projection_linf_ball", lambda: vector(0)),
-    Case("linf_ball-tree", "projection_linf_ball", lambda: tree(0), kwargs={"scale": 0.5}),
+    Case(
+        "linf_ball-tree", "projection_linf_ball", lambda: tree(0), kwargs={"scale": 0.5}
+    ),
     Case("simplex", "projection_simplex", lambda: vector(0)),
     Case("simplex-scale", "projection_simplex", lambda: vector(1), lambda: (2.5,)),
     Case("simplex-small", "projection_simplex", lambda: vector(2, scale=0.01)),
     Case("simplex-tree", "projection_simplex", lambda: tree(0), kwargs={"scale": 0.7}),
     Case("l1_sphere", "projection_l1_sphere", lambda: vector(0)),
-    Case("l1_sphere-inside", "projection_l1_sphere", lambda: vector(1, scale=0.01), lambda: (2.0,)),
+    Case(
+        "l1_sphere-inside",
+        "projection_l1_sphere",
+        lambda: vector(1, scale=0.01),
+        lambda: (2.0,),
+    ),
     Case("l1_sphere-tree", "projection_l1_sphere", lambda: tree(1)),
     Case("l1_ball", "projection_l1_ball", lambda: vector(0)),
     Case("l1_ball-inside", "projection_l1_ball", lambda: vector(1, scale=0.01)),
@@ -100,11 +116,36 @@ CASES = [
     Case("l2_ball-inside", "projection_l2_ball", lambda: vector(1, scale=0.01)),
     Case("l2_ball-zero", "projection_l2_ball", lambda: jnp.zeros(5)),
     Case("l2_ball-tree", "projection_l2_ball", lambda: tree(0), kwargs={"scale": 0.5}),
-    Case("hyperplane", "projection_hyperplane", lambda: vector(0), lambda: (vector(1), 0.3)),
-    Case("hyperplane-tree", "projection_hyperplane", lambda: tree(0), lambda: (tree(1), -1.0)),
-    Case("halfspace-active", "projection_halfspace", lambda: vector(0), lambda: (vector(0), 0.3)),
-    Case("halfspace-inactive", "projection_halfspace", lambda: vector(0), lambda: (vector(1), 100.0)),
-    Case("halfspace-tree", "projection_halfspace", lambda: tree(0), lambda: (tree(0), 1.0)),
+    Case(
+        "hyperplane",
+        "projection_hyperplane",
+        lambda: vector(0),
+        lambda: (vector(1), 0.3),
+    ),
+    Case(
+        "hyperplane-tree",
+        "projection_hyperplane",
+        lambda: tree(0),
+        lambda: (tree(1), -1.0),
+    ),
+    Case(
+        "halfspace-active",
+        "projection_halfspace",
+        lambda: vector(0),
+        lambda: (vector(0), 0.3),
+    ),
+    Case(
+        "halfspace-inactive",
+        "projection_halfspace",
+        lambda: vector(0),
+        lambda: (vector(1), 100.0),
+    ),
+    Case(
+        "halfspace-tree",
+        "projection_halfspace",
+        lambda: tree(0),
+        lambda: (tree(0), 1.0),
+    ),
     Case("vector", "projection_vector", lambda: vector(0), lambda: (vector(1),)),
     Case("vector-tree", "projection_vector", lambda: tree(0), lambda: (tree(1),)),
 ]
@@ -154,13 +195,19 @@ def test_parity_values(case):
     assert tree_allclose(ours(case)(x), theirs(case)(x), rtol=1e-5, atol=1e-6)
 
 
-GRAD_CASES = [c for c in CASES if c.grad and not c.id.startswith(("box", "hypercube", "non_negative", "linf"))]
+GRAD_CASES = [
+    c
+    for c in CASES
+    if c.grad and not c.id.startswith(("box", "hypercube", "non_negative", "linf"))
+]
 
 
 @pytest.mark.parametrize("case", GRAD_CASES, ids=[c.id for c in GRAD_CASES])
 def test_parity_gradients(case):
     x = case.x()
-    weights = jax.tree.map(lambda t: jnp.cos(jnp.arange(t.size, dtype=t.dtype).reshape(t.shape)), x)
+    weights = jax.tree.map(
+        lambda t: jnp.cos(jnp.arange(t.size, dtype=t.dtype).reshape(t.shape)), x
+    )
 
     def objective(project):
         return lambda point: optax.tree.vdot(weights, project(point))
@@ -178,8 +225,10 @@ def test_clipping_gradients():
         ("projection_box", (-0.5, 0.4)),
         ("projection_linf_ball", (0.5,)),
     ]:
-        ours_jac = jax.jit(jax.jacobian(lambda p: getattr(eqopt.projections, name)(p, *args)))(x)
-        theirs_jac = jax.jit(jax.jacobian(lambda p: getattr(optax.projections, name)(p, *args)))(x)
+        ours_fn = getattr(eqopt.projections, name)
+        theirs_fn = getattr(optax.projections, name)
+        ours_jac = jax.jit(jax.jacobian(lambda p, f=ours_fn, a=args: f(p, *a)))(x)
+        theirs_jac = jax.jit(jax.jacobian(lambda p, f=theirs_fn, a=args: f(p, *a)))(x)
         assert tree_allclose(ours_jac, theirs_jac), name
 
 
@@ -255,7 +304,9 @@ def test_whole_model(case):
     args = case.args()
     ours_args = tuple(other if isinstance(a, (dict, jax.Array)) else a for a in args)
     # Optax sees the same arrays as a plain dict.
-    theirs_args = tuple(as_dict(a) if isinstance(a, eqx.Module) else a for a in ours_args)
+    theirs_args = tuple(
+        as_dict(a) if isinstance(a, eqx.Module) else a for a in ours_args
+    )
     result = getattr(eqopt.projections, case.name)(model, *ours_args, **case.kwargs)
     expected = getattr(optax.projections, case.name)(
         as_dict(model), *theirs_args, **case.kwargs
@@ -277,7 +328,12 @@ def test_box_on_model():
 
 def test_none_leaves_pass_through():
     grads = eqx.filter_grad(lambda m: jnp.sum(m(jnp.ones(2))))(make_model(0))
-    for name in ["projection_simplex", "projection_l2_ball", "projection_l1_ball", "projection_linf_ball"]:
+    for name in [
+        "projection_simplex",
+        "projection_l2_ball",
+        "projection_l1_ball",
+        "projection_linf_ball",
+    ]:
         projected = getattr(eqopt.projections, name)(grads)
         assert projected.activation is None
         expected = getattr(optax.projections, name)(as_dict(grads))
@@ -286,10 +342,19 @@ def test_none_leaves_pass_through():
 
 def test_floating_dtypes_are_kept():
     x = {"h": vector(0).astype(jnp.bfloat16), "f": vector(1)}
-    for name in ["projection_simplex", "projection_l1_ball", "projection_l2_ball", "projection_l2_sphere"]:
+    for name in [
+        "projection_simplex",
+        "projection_l1_ball",
+        "projection_l2_ball",
+        "projection_l2_sphere",
+    ]:
         projected = getattr(eqopt.projections, name)(x)
-        assert projected["h"].dtype == jnp.bfloat16 and projected["f"].dtype == jnp.float32
-    assert eqopt.projections.projection_simplex(jnp.array([1, 2, 3])).dtype == jnp.float32
+        assert (
+            projected["h"].dtype == jnp.bfloat16 and projected["f"].dtype == jnp.float32
+        )
+    assert (
+        eqopt.projections.projection_simplex(jnp.array([1, 2, 3])).dtype == jnp.float32
+    )
 
 
 def test_scalar_bounds_on_trees():
@@ -297,8 +362,13 @@ def test_scalar_bounds_on_trees():
     projected = eqopt.projections.projection_hypercube(tree(0))
     expected = jax.tree.map(lambda t: jnp.clip(t, 0, 1), tree(0))
     assert tree_allclose(projected, expected)
-    projected = eqopt.projections.projection_hypercube(tree(0), {"w": 0.5, "b": jnp.full(4, 2.0)})
-    expected = {"w": jnp.clip(tree(0)["w"], 0, 0.5), "b": jnp.clip(tree(0)["b"], 0, 2.0)}
+    projected = eqopt.projections.projection_hypercube(
+        tree(0), {"w": 0.5, "b": jnp.full(4, 2.0)}
+    )
+    expected = {
+        "w": jnp.clip(tree(0)["w"], 0, 0.5),
+        "b": jnp.clip(tree(0)["b"], 0, 2.0),
+    }
     assert tree_allclose(projected, expected)
 
 
@@ -315,7 +385,9 @@ def test_mismatched_trees_name_the_path():
     with pytest.raises(ValueError, match=r"\['b'\]"):
         eqopt.projections.projection_halfspace(x, a, 1.0)
     with pytest.raises(ValueError, match=r"keys \['b', 'w'\].*keys \['c', 'w'\]"):
-        eqopt.projections.projection_vector(x, {"w": jnp.ones((3, 2)), "c": jnp.ones(4)})
+        eqopt.projections.projection_vector(
+            x, {"w": jnp.ones((3, 2)), "c": jnp.ones(4)}
+        )
     with pytest.raises(ValueError, match=r"\['w'\]"):
         eqopt.projections.projection_box(x, {"w": jnp.zeros(7), "b": 0.0}, 1.0)
 

@@ -39,7 +39,7 @@ def make_tree(seed: int, dtype: Any = jnp.float32, positive: bool = False) -> An
     shapes, treedef = jax.tree.flatten(SHAPES, is_leaf=lambda s: isinstance(s, tuple))
     keys = jax.random.split(jax.random.key(seed), len(shapes))
     leaves = []
-    for key, shape in zip(keys, shapes):
+    for key, shape in zip(keys, shapes, strict=True):
         if jnp.issubdtype(dtype, jnp.complexfloating):
             re, im = jax.random.normal(key, (2, *shape))
             leaf = (re + 1j * im).astype(dtype)
@@ -113,13 +113,20 @@ CASES = [
     Case("dtype", "dtype", lambda: (x(),)),
     Case("dtype-promote", "dtype", lambda: (mixed(), "promote")),
     Case("dtype-highest", "dtype", lambda: (mixed(), "highest")),
-    Case("dtype-lowest", "dtype", lambda: (mixed(),), {"mixed_dtype_handler": "lowest"}),
+    Case(
+        "dtype-lowest", "dtype", lambda: (mixed(),), {"mixed_dtype_handler": "lowest"}
+    ),
     Case("batch_shape", "batch_shape", lambda: (x(), (2, 3))),
     Case("conj", "conj", lambda: (cx(),)),
     Case("real", "real", lambda: (cx(),)),
     Case("cast", "cast", lambda: (x(), jnp.bfloat16)),
     Case("cast-none", "cast", lambda: (x(), None)),
-    Case("cast_like", "cast_like", lambda: (x(), make_tree(1, jnp.bfloat16)), treewise=True),
+    Case(
+        "cast_like",
+        "cast_like",
+        lambda: (x(), make_tree(1, jnp.bfloat16)),
+        treewise=True,
+    ),
     Case("clip", "clip", lambda: (x(), -0.5, 0.5)),
     Case("clip-min", "clip", lambda: (x(),), {"min_value": 0.0}),
     Case("clip-max", "clip", lambda: (x(),), {"max_value": jnp.asarray(0.1)}),
@@ -131,8 +138,14 @@ CASES = [
     Case("full_like", "full_like", lambda: (x(), 2.5)),
     Case("full_like-dtype", "full_like", lambda: (x(), 2, jnp.bfloat16)),
     Case("random_like", "random_like", lambda: (key(), x())),
-    Case("random_like-new-key", "random_like", lambda: (new_key(), make_tree(0, jnp.bfloat16))),
-    Case("random_like-dtype", "random_like", lambda: (key(), x()), {"dtype": jnp.float16}),
+    Case(
+        "random_like-new-key",
+        "random_like",
+        lambda: (new_key(), make_tree(0, jnp.bfloat16)),
+    ),
+    Case(
+        "random_like-dtype", "random_like", lambda: (key(), x()), {"dtype": jnp.float16}
+    ),
     Case(
         "random_like-rademacher",
         "random_like",
@@ -145,13 +158,25 @@ CASES = [
         "unwrap_random_key_data",
         lambda: ({"k": jax.random.key(0), "raw": key(), "x": jnp.ones(2)},),
     ),
-    Case("allclose-true", "allclose", lambda: (x(), jax.tree.map(lambda t: t + 1e-7, x()))),
+    Case(
+        "allclose-true",
+        "allclose",
+        lambda: (x(), jax.tree.map(lambda t: t + 1e-7, x())),
+    ),
     Case("allclose-false", "allclose", lambda: (x(), y())),
     Case("allclose-tol", "allclose", lambda: (x(), y()), {"atol": 10.0}),
     Case("bias_correction", "bias_correction", lambda: (x(), 0.9, 3)),
     Case("update_moment", "update_moment", lambda: (x(), y(), 0.9, 2)),
-    Case("update_moment_per_elem_norm", "update_moment_per_elem_norm", lambda: (cx(), pos(), 0.9, 2)),
-    Case("update_infinity_moment", "update_infinity_moment", lambda: (x(), pos(), 0.9, 1e-8)),
+    Case(
+        "update_moment_per_elem_norm",
+        "update_moment_per_elem_norm",
+        lambda: (cx(), pos(), 0.9, 2),
+    ),
+    Case(
+        "update_infinity_moment",
+        "update_infinity_moment",
+        lambda: (x(), pos(), 0.9, 1e-8),
+    ),
 ]
 
 
@@ -165,8 +190,12 @@ def compare(ours: Any, theirs: Any) -> bool:
     theirs_leaves, theirs_def = jax.tree.flatten(theirs)
     if ours_def != theirs_def:
         return False
-    for a, b in zip(ours_leaves, theirs_leaves):
-        if eqx.is_array(a) and eqx.is_array(b) and jnp.asarray(a).dtype != jnp.asarray(b).dtype:
+    for a, b in zip(ours_leaves, theirs_leaves, strict=True):
+        if (
+            eqx.is_array(a)
+            and eqx.is_array(b)
+            and jnp.asarray(a).dtype != jnp.asarray(b).dtype
+        ):
             return False
     return tree_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
 
@@ -183,7 +212,12 @@ def test_public_names():
 
 
 def test_moment_helpers_are_shared():
-    for name in ["bias_correction", "update_moment", "update_moment_per_elem_norm", "update_infinity_moment"]:
+    for name in [
+        "bias_correction",
+        "update_moment",
+        "update_moment_per_elem_norm",
+        "update_infinity_moment",
+    ]:
         assert getattr(eqopt.tree, name).__module__ == "eqopt._numerics"
 
 
@@ -212,7 +246,9 @@ def test_parity(case):
     assert compare(ours, theirs), (ours, theirs)
 
 
-@pytest.mark.parametrize("name", ["add", "sum", "norm", "vdot", "max", "clip", "random_like"])
+@pytest.mark.parametrize(
+    "name", ["add", "sum", "norm", "vdot", "max", "clip", "random_like"]
+)
 def test_under_jit(name):
     case = next(c for c in CASES if c.name == name)
     args = case.args()
@@ -234,7 +270,9 @@ def test_add_keeps_dtype_promotion():
 # ---------------------------------------------------------------------------
 
 
-def _model_args(case: Case, model: eqx.Module, other: eqx.Module) -> tuple[tuple, tuple]:
+def _model_args(
+    case: Case, model: eqx.Module, other: eqx.Module
+) -> tuple[tuple, tuple]:
     """The case's arguments with every pytree replaced by a model (ours) or its arrays (Optax's)."""
     ours, theirs = [], []
     models = iter([model, other, make_model(2)])
@@ -284,7 +322,11 @@ def test_none_leaves_are_absent():
     assert grads.activation is None
     # Reductions ignore them.
     assert jnp.allclose(eqopt.tree.norm(grads), optax.tree.norm(grads))
-    assert eqopt.tree.size(grads) == eqopt.tree.size(model) == optax.tree.size(filtered(model))
+    assert (
+        eqopt.tree.size(grads)
+        == eqopt.tree.size(model)
+        == optax.tree.size(filtered(model))
+    )
     # Maps keep them.
     assert eqopt.tree.scale(2.0, grads).activation is None
     assert eqopt.tree.zeros_like(grads).activation is None
@@ -307,15 +349,29 @@ def test_none_in_second_tree_keeps_first():
 
 
 def test_non_array_leaves_are_ignored_by_reductions():
-    tree = {"w": jnp.array([1.0, -3.0]), "p": 0.5, "n": 7, "f": jax.nn.relu, "s": "name"}
+    tree = {
+        "w": jnp.array([1.0, -3.0]),
+        "p": 0.5,
+        "n": 7,
+        "f": jax.nn.relu,
+        "s": "name",
+    }
     assert eqopt.tree.sum(tree) == -2.0
     assert eqopt.tree.max(tree) == 1.0
     assert eqopt.tree.min(tree) == -3.0
     assert eqopt.tree.size(tree) == 2
     assert eqopt.tree.dtype(tree) == jnp.float32
     out = eqopt.tree.scale(2.0, tree)
-    assert out["p"] == 0.5 and out["n"] == 7 and out["f"] is jax.nn.relu and out["s"] == "name"
-    assert tree_allclose(eqopt.tree.split_key_like(jax.random.PRNGKey(0), tree)["w"], jax.random.split(jax.random.PRNGKey(0), 1)[0])
+    assert (
+        out["p"] == 0.5
+        and out["n"] == 7
+        and out["f"] is jax.nn.relu
+        and out["s"] == "name"
+    )
+    assert tree_allclose(
+        eqopt.tree.split_key_like(jax.random.PRNGKey(0), tree)["w"],
+        jax.random.split(jax.random.PRNGKey(0), 1)[0],
+    )
 
 
 def test_random_like_on_model_matches_optax_on_arrays():
@@ -330,7 +386,9 @@ def test_allclose_on_models():
     model = make_model(0)
     assert eqopt.tree.allclose(model, model)
     assert not eqopt.tree.allclose(model, make_model(1))
-    assert not eqopt.tree.allclose(model, eqx.tree_at(lambda m: m.activation, model, jnp.tanh))
+    assert not eqopt.tree.allclose(
+        model, eqx.tree_at(lambda m: m.activation, model, jnp.tanh)
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -407,7 +465,9 @@ def test_mixed_dtype_error_names_path():
     with pytest.raises(ValueError, match=r"\['f'\].*\['h'\]"):
         eqopt.tree.dtype(mixed())
     with pytest.raises(ValueError, match="bfloat16"):
-        eqopt.tree.dtype({"a": jnp.ones(1, jnp.bfloat16), "b": jnp.ones(1, jnp.float16)}, "highest")
+        eqopt.tree.dtype(
+            {"a": jnp.ones(1, jnp.bfloat16), "b": jnp.ones(1, jnp.float16)}, "highest"
+        )
 
 
 def test_bad_arguments():
@@ -442,10 +502,16 @@ class TraceLikeState(eqx.Module):
 
 def make_state():
     model = make_model(0)
-    moments = jax.tree.map(lambda p: jnp.zeros_like(p) if eqx.is_inexact_array(p) else None, model)
+    moments = jax.tree.map(
+        lambda p: jnp.zeros_like(p) if eqx.is_inexact_array(p) else None, model
+    )
     adam = AdamLikeState(jnp.asarray(3), moments, moments)
     chain = ChainLikeState((TraceLikeState(moments), adam))
-    return InjectLikeState(jnp.asarray(5), {"learning_rate": jnp.asarray(0.1), "b1": jnp.asarray(0.9)}, chain)
+    return InjectLikeState(
+        jnp.asarray(5),
+        {"learning_rate": jnp.asarray(0.1), "b1": jnp.asarray(0.9)},
+        chain,
+    )
 
 
 def keystrs(found):
@@ -461,7 +527,9 @@ def test_get_all_with_path():
     assert keystrs(eqopt.tree.get_all_with_path(state, "learning_rate")) == [
         ".hyperparams['learning_rate']"
     ]
-    only_inner = eqopt.tree.get_all_with_path(state, "count", lambda path, value: len(path) > 1)
+    only_inner = eqopt.tree.get_all_with_path(
+        state, "count", lambda path, value: len(path) > 1
+    )
     assert keystrs(only_inner) == [".inner_state.states[1].count"]
     assert eqopt.tree.get_all_with_path(state, "absent") == []
     # Sequence indices are not names.
@@ -482,10 +550,13 @@ def test_get():
 
 def test_get_errors_name_paths():
     state = make_state()
-    with pytest.raises(KeyError, match=r"2 values.*\.count.*\.inner_state\.states\[1\]\.count"):
+    with pytest.raises(
+        KeyError, match=r"2 values.*\.count.*\.inner_state\.states\[1\]\.count"
+    ):
         eqopt.tree.get(state, "count")
-    with pytest.raises(KeyError, match="no value under 'learning_rte'"):
-        eqopt.tree.get(state, "learning_rte")
+    # No match gives the default, None unless given, as in Optax.
+    assert eqopt.tree.get(state, "learning_rte") is None
+    assert eqopt.tree.get(state, "learning_rte", default=3) == 3
 
 
 def test_set():
@@ -498,7 +569,11 @@ def test_set():
     new = eqopt.tree.set(state, lambda path, v: len(path) > 1, count=jnp.asarray(0))
     assert new.count == 5 and eqopt.tree.get(new, "AdamLikeState").count == 0
     both = eqopt.tree.set(state, count=jnp.asarray(1), b1=jnp.asarray(0.5))
-    assert both.count == 1 and both.inner_state.states[1].count == 1 and both.hyperparams["b1"] == 0.5
+    assert (
+        both.count == 1
+        and both.inner_state.states[1].count == 1
+        and both.hyperparams["b1"] == 0.5
+    )
     # A whole Module replaced by class name.
     new = eqopt.tree.set(state, TraceLikeState=TraceLikeState(None))
     assert new.inner_state.states[0].trace is None
@@ -532,7 +607,10 @@ def test_get_set_parity_with_optax_states():
     theirs = optax.tree.set(state, is_array, learning_rate=jnp.asarray(0.5))
     assert tree_allclose(ours, theirs)
     nt = OptaxLike(jnp.asarray(1), {"count": jnp.asarray(2)})
-    assert tree_allclose(eqopt.tree.set(nt, count=jnp.asarray(0)), optax.tree.set(nt, count=jnp.asarray(0)))
+    assert tree_allclose(
+        eqopt.tree.set(nt, count=jnp.asarray(0)),
+        optax.tree.set(nt, count=jnp.asarray(0)),
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -544,7 +622,9 @@ class AdamLike(eqx.Module):
     """Stands for an eqopt transform: moments with `None` at non-trainable leaves."""
 
     def init(self, params):
-        moments = jax.tree.map(lambda p: jnp.zeros_like(p) if eqx.is_inexact_array(p) else None, params)
+        moments = jax.tree.map(
+            lambda p: jnp.zeros_like(p) if eqx.is_inexact_array(p) else None, params
+        )
         return AdamLikeState(jnp.zeros([], jnp.int32), moments, moments)
 
 
@@ -561,17 +641,25 @@ class PickyInit(eqx.Module):
     def init(self, params):
         if not jax.tree.leaves(params):
             raise ValueError("no parameters")
-        return TraceLikeState(jax.tree.map(lambda p: p if eqx.is_inexact_array(p) else None, params))
+        return TraceLikeState(
+            jax.tree.map(lambda p: p if eqx.is_inexact_array(p) else None, params)
+        )
 
 
 def test_map_params_parity_with_optax():
     params = {"a": jnp.ones(3), "b": jnp.zeros((2, 2))}
-    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3), optax.add_noise(0.1, 0.5, 0))
+    opt = optax.chain(
+        optax.clip_by_global_norm(1.0), optax.adam(1e-3), optax.add_noise(0.1, 0.5, 0)
+    )
     state = opt.init(params)
     specs = jax.tree.map(lambda p: p.shape, params)
     f = lambda leaf, spec: ("param", spec)
-    ours = eqopt.tree.map_params(opt, f, state, specs, transform_non_params=lambda _: "other")
-    theirs = optax.tree.map_params(opt, f, state, specs, transform_non_params=lambda _: "other")
+    ours = eqopt.tree.map_params(
+        opt, f, state, specs, transform_non_params=lambda _: "other"
+    )
+    theirs = optax.tree.map_params(
+        opt, f, state, specs, transform_non_params=lambda _: "other"
+    )
     assert ours == theirs
     ours = eqopt.tree.map_params(opt.init, lambda p: 2 * p, state)
     theirs = optax.tree.map_params(opt.init, lambda p: 2 * p, state)
@@ -583,7 +671,11 @@ def test_map_params_on_module_state_with_model():
     opt = ChainLike((AdamLike(), AdamLike()))
     state = jax.tree.map(lambda p: p + 1, opt.init(model))
     out = eqopt.tree.map_params(
-        opt, lambda leaf, p: leaf.shape == p.shape, state, model, transform_non_params=lambda _: "count"
+        opt,
+        lambda leaf, p: leaf.shape == p.shape,
+        state,
+        model,
+        transform_non_params=lambda _: "count",
     )
     adam = out.states[1]
     assert adam.count == "count"
@@ -613,7 +705,9 @@ def test_map_params_is_leaf():
     params = {"a": (jnp.ones(2), jnp.ones(3))}
     opt = AdamLike()
     state = opt.init(params)
-    out = eqopt.tree.map_params(opt, lambda leaf: len(leaf), state, is_leaf=lambda v: isinstance(v, tuple))
+    out = eqopt.tree.map_params(
+        opt, lambda leaf: len(leaf), state, is_leaf=lambda v: isinstance(v, tuple)
+    )
     assert out.mu == {"a": 2}
 
 
@@ -624,9 +718,9 @@ def test_type_annotations_are_checked():
     with pytest.raises(TypeError):  # `scalar` must be a scalar
         eqopt.tree.scale(jnp.ones(3), x())
     with pytest.raises(TypeError):
-        eqopt.tree.dtype(x(), "largest")
+        eqopt.tree.dtype(x(), "largest")  # pyright: ignore[reportArgumentType]
     with pytest.raises(TypeError):
-        eqopt.tree.clip(x(), "low")
+        eqopt.tree.clip(x(), "low")  # pyright: ignore[reportArgumentType]
     with pytest.raises(TypeError):
         eqopt.tree.random_like(jnp.ones(3), x())
     # Every legitimate scalar is accepted.

@@ -5,7 +5,7 @@ from collections.abc import Sequence
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 
 class MultiNormalDiagFromLogScale(eqx.Module):
@@ -21,10 +21,12 @@ class MultiNormalDiagFromLogScale(eqx.Module):
 
     - `loc`: the mean $\mu$.
     - `log_scale`: the log standard deviation $s$, broadcastable against `loc`.
+
+    Both are stored as JAX arrays (NumPy arrays and Python floats are converted).
     """
 
-    loc: Float[Array, "*#shape"]
-    log_scale: Float[Array, "*#shape"]
+    loc: Float[Array, "*#shape"] = eqx.field(converter=jnp.asarray)
+    log_scale: Float[Array, "*#shape"] = eqx.field(converter=jnp.asarray)
 
     @property
     def param_shape(self) -> tuple[int, ...]:
@@ -81,7 +83,7 @@ class MultiNormalDiagFromLogScale(eqx.Module):
 
 
 def multi_normal(
-    loc: Float[Array, "*#shape"], log_scale: Float[Array, "*#shape"]
+    loc: Float[ArrayLike, "*#shape"], log_scale: Float[ArrayLike, "*#shape"]
 ) -> MultiNormalDiagFromLogScale:
     r"""Builds a diagonal Gaussian from its mean and log standard deviation.
 

@@ -55,6 +55,11 @@ class Normal(AbstractNoiseDistribution):
     r"""The standard normal distribution.
 
     $$ \log \mu(z) = -\tfrac12 z^2 + \text{const} $$
+
+    Samples match `jax.random.normal` (and Optax's `Normal`) for the same key.
+
+    **References:** Q. Berthet et al., *Learning with Differentiable Perturbed
+    Optimizers*, NeurIPS 2020.
     """
 
     def sample(
@@ -75,7 +80,13 @@ class Gumbel(AbstractNoiseDistribution):
     $$ \log \mu(z) = -z - e^{-z} $$
 
     Perturbing scores with Gumbel noise makes the argmax a sample from the
-    softmax of the scores (the Gumbel-max trick).
+    softmax of the scores (the Gumbel-max trick), so a perturbed argmax is a
+    Monte Carlo softmax. Samples match `jax.random.gumbel` (and Optax's
+    `Gumbel`) for the same key.
+
+    **References:** E. J. Gumbel, *Statistical theory of extreme values and some
+    practical applications*, 1954; Q. Berthet et al., *Learning with
+    Differentiable Perturbed Optimizers*, NeurIPS 2020.
     """
 
     def sample(
@@ -109,6 +120,17 @@ class PerturbedFunction(eqx.Module):
 
     `sigma` is an array leaf, so it can be changed without recompiling, vmapped
     over, or differentiated.
+
+    **Arguments:**
+
+    - `fun`: the function $f$, from a pytree to a pytree of arrays.
+    - `num_samples`: the number of perturbations $N$ (static).
+    - `sigma`: the scale $\sigma$ of the perturbations.
+    - `noise`: the noise distribution $\mu$, with `sample` and `log_prob`.
+    - `use_baseline`: whether to use $f(x)$ as a control variate (static).
+
+    **References:** Q. Berthet et al., *Learning with Differentiable Perturbed
+    Optimizers*, NeurIPS 2020.
     """
 
     fun: Callable[[Any], Any]

@@ -24,7 +24,9 @@ def _restore_dtype(new: Array, old: Array) -> Array:
     return new
 
 
-def _project_flat(function: str, tree: Any, project: Any, *, allow_empty: bool = False) -> Any:
+def _project_flat(
+    function: str, tree: Any, project: Any, *, allow_empty: bool = False
+) -> Any:
     """Projects the concatenation of all array leaves with `project(vector)`."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     arrays = [x for x in leaves if eqx.is_array(x)]
@@ -174,7 +176,9 @@ def projection_simplex(tree: PyTree, scale: Real[ArrayLike, ""] = 1) -> PyTree:
     Programming 158, 2016.
     """
     return _project_flat(
-        "projection_simplex", tree, lambda v: _simplex_vector(v, jnp.asarray(scale, v.dtype))
+        "projection_simplex",
+        tree,
+        lambda v: _simplex_vector(v, jnp.asarray(scale, v.dtype)),
     )
 
 
@@ -205,7 +209,9 @@ def projection_l1_sphere(tree: PyTree, scale: Real[ArrayLike, ""] = 1) -> PyTree
     Condat, Mathematical Programming 158, 2016.
     """
     return _project_flat(
-        "projection_l1_sphere", tree, lambda v: _l1_sphere_vector(v, jnp.asarray(scale, v.dtype))
+        "projection_l1_sphere",
+        tree,
+        lambda v: _l1_sphere_vector(v, jnp.asarray(scale, v.dtype)),
     )
 
 
@@ -268,7 +274,7 @@ def projection_l2_sphere(tree: PyTree, scale: Real[ArrayLike, ""] = 1) -> PyTree
 
     **Returns:** a pytree shaped like `tree`.
     """
-    return _scale_leaves(tree, scale / _tree.norm(tree))
+    return _scale_leaves(tree, jnp.asarray(scale) / _tree.norm(tree))
 
 
 def projection_l2_ball(tree: PyTree, scale: Real[ArrayLike, ""] = 1) -> PyTree:
@@ -302,7 +308,9 @@ def projection_l2_ball(tree: PyTree, scale: Real[ArrayLike, ""] = 1) -> PyTree:
 def _shift(function: str, x: Any, a: Any, coefficient: Array) -> Any:
     """$x - c\\,a$ leafwise, keeping $x$'s dtypes (a `None` in `a` counts as zero)."""
     return map_arrays(
-        function, lambda xi, ai: _restore_dtype(xi - coefficient * ai, xi), [("x", x), ("a", a)]
+        function,
+        lambda xi, ai: _restore_dtype(xi - coefficient * ai, xi),
+        [("x", x), ("a", a)],
     )
 
 
@@ -365,4 +373,3 @@ def projection_vector(x: PyTree, a: PyTree) -> PyTree:
     # `vdot` checks that `x` and `a` match, naming the first differing path.
     coefficient = _tree.vdot(x, a) / _tree.vdot(a, a)
     return map_single(lambda ai: _restore_dtype(coefficient * ai, ai), a)
-

@@ -59,7 +59,9 @@ def dtype(
         elif mixed_dtype_handler == "promote":
             result = jnp.promote_types(result, leaf.dtype)
         else:
-            result = _order(result, leaf.dtype, highest=mixed_dtype_handler == "highest")
+            result = _order(
+                result, leaf.dtype, highest=mixed_dtype_handler == "highest"
+            )
     return jnp.dtype(result)
 
 
@@ -98,6 +100,6 @@ def cast_like(tree: PyTree, other_tree: PyTree) -> PyTree:
     )
     out = [
         x.astype(y.dtype) if eqx.is_array(x) and eqx.is_array(y) else x
-        for (_, x), y in zip(path_leaves, other_leaves)
+        for (_, x), y in zip(path_leaves, other_leaves, strict=True)
     ]
     return jax.tree_util.tree_unflatten(treedef, out)

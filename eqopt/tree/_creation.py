@@ -110,7 +110,7 @@ def random_like(
 
 
 def _is_key_array(x: Any) -> bool:
-    return eqx.is_array(x) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+    return eqx.is_array(x) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
 def unwrap_random_key_data(input_tree: PyTree) -> PyTree:
@@ -125,4 +125,6 @@ def unwrap_random_key_data(input_tree: PyTree) -> PyTree:
     **Returns:** a pytree shaped like `input_tree` with `jax.random.key_data(k)`
     in place of each key array `k`.
     """
-    return map_single(lambda x: jax.random.key_data(x) if _is_key_array(x) else x, input_tree)
+    return map_single(
+        lambda x: jax.random.key_data(x) if _is_key_array(x) else x, input_tree
+    )

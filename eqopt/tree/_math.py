@@ -46,7 +46,9 @@ def add(tree_x: PyTree, tree_y: PyTree, *other_trees: PyTree) -> PyTree:
     """
     names = [("tree_x", tree_x), ("tree_y", tree_y)]
     names += [(f"other_trees[{i}]", t) for i, t in enumerate(other_trees)]
-    return map_arrays("add", lambda x, *ys: functools.reduce(operator.add, ys, x), names)
+    return map_arrays(
+        "add", lambda x, *ys: functools.reduce(operator.add, ys, x), names
+    )
 
 
 def sub(tree_x: PyTree, tree_y: PyTree) -> PyTree:
@@ -128,7 +130,9 @@ def add_scale(tree_x: PyTree, scalar: Shaped[ArrayLike, ""], tree_y: PyTree) -> 
     `add_scale(model, -lr, grads)` works on the output of `eqx.filter_grad`).
     """
     return map_arrays(
-        "add_scale", lambda x, y: x + scalar * y, [("tree_x", tree_x), ("tree_y", tree_y)]
+        "add_scale",
+        lambda x, y: x + scalar * y,
+        [("tree_x", tree_x), ("tree_y", tree_y)],
     )
 
 
@@ -195,7 +199,9 @@ def where(condition: Bool[ArrayLike, "..."], tree_x: PyTree, tree_y: PyTree) -> 
     non-array and `None` leaves).
     """
     return map_arrays(
-        "where", lambda x, y: jnp.where(condition, x, y), [("tree_x", tree_x), ("tree_y", tree_y)]
+        "where",
+        lambda x, y: jnp.where(condition, x, y),
+        [("tree_x", tree_x), ("tree_y", tree_y)],
     )
 
 
@@ -297,9 +303,11 @@ def vdot(tree_x: PyTree, tree_y: PyTree) -> Shaped[Array, ""]:
     **Raises:** `ValueError` naming the first path at which the structures or
     shapes disagree.
     """
-    path_leaves, _, (y_leaves,) = zip_trees("vdot", [("tree_x", tree_x), ("tree_y", tree_y)])
+    path_leaves, _, (y_leaves,) = zip_trees(
+        "vdot", [("tree_x", tree_x), ("tree_y", tree_y)]
+    )
     products = []
-    for (path, x), y in zip(path_leaves, y_leaves):
+    for (path, x), y in zip(path_leaves, y_leaves, strict=True):
         if not eqx.is_array(x) or y is None:
             continue
         check_operand("vdot", path, "tree_y", y)
@@ -318,7 +326,9 @@ def _squared_modulus(x: Array) -> Array:
     return jnp.square(x)
 
 
-def norm(tree: PyTree, ord: int | float | str | None = None, squared: bool = False) -> Real[Array, ""]:
+def norm(
+    tree: PyTree, ord: int | float | str | None = None, squared: bool = False
+) -> Real[Array, ""]:
     r"""The vector norm of all the array leaves taken together.
 
     $$
@@ -352,7 +362,9 @@ def norm(tree: PyTree, ord: int | float | str | None = None, squared: bool = Fal
     elif ord in ("inf", "infinity") or (not isinstance(ord, str) and ord == jnp.inf):
         # |x| >= 0, so starting the maximum at 0 changes nothing but the empty case.
         result = functools.reduce(
-            jnp.maximum, [jnp.max(jnp.abs(x)) for x in leaves if x.size], jnp.asarray(0.0)
+            jnp.maximum,
+            [jnp.max(jnp.abs(x)) for x in leaves if x.size],
+            jnp.asarray(0.0),
         )
     else:
         raise ValueError(f"Unsupported ord: {ord!r}. Use None, 1, 2, jnp.inf or 'inf'.")
@@ -397,7 +409,7 @@ def allclose(
     """
     path_leaves, _, (b_leaves,) = zip_trees("allclose", [("a", a), ("b", b)])
     result = jnp.asarray(True)
-    for (path, x), y in zip(path_leaves, b_leaves):
+    for (path, x), y in zip(path_leaves, b_leaves, strict=True):
         if x is None or y is None:
             if x is not y:
                 return jnp.asarray(False)
@@ -406,7 +418,9 @@ def allclose(
             check_operand("allclose", path, "a", x)
             check_operand("allclose", path, "b", y)
             check_broadcast("allclose", path, ["a", "b"], [x, y])
-            result = result & jnp.allclose(x, y, rtol=rtol, atol=atol, equal_nan=equal_nan)
+            result = result & jnp.allclose(
+                x, y, rtol=rtol, atol=atol, equal_nan=equal_nan
+            )
         elif x != y:
             return jnp.asarray(False)
     return result

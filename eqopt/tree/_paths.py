@@ -49,13 +49,17 @@ def children(node: Any) -> tuple[list[tuple[Any, Any]], Any] | None:
     """
     if node is None:
         return None
-    pairs, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda c: c is not node)
+    pairs, treedef = jax.tree_util.tree_flatten_with_path(
+        node, is_leaf=lambda c: c is not node
+    )
     if len(pairs) == 1 and pairs[0][0] == () and pairs[0][1] is node:
         return None
     return [(path[0], child) for path, child in pairs], treedef
 
 
-def first_difference(x: Any, y: Any, path: KeyPath = ()) -> tuple[KeyPath, str, str] | None:
+def first_difference(
+    x: Any, y: Any, path: KeyPath = ()
+) -> tuple[KeyPath, str, str] | None:
     """The first path at which two pytrees differ in structure (`None` counts as a leaf)."""
     x_level, y_level = children(x), children(y)
     if x_level is None and y_level is None:
@@ -68,17 +72,23 @@ def first_difference(x: Any, y: Any, path: KeyPath = ()) -> tuple[KeyPath, str, 
         x_keys = "".join(jax.tree_util.keystr((k,)) for k, _ in x_level[0])
         y_keys = "".join(jax.tree_util.keystr((k,)) for k, _ in y_level[0])
         if x_keys != y_keys:
-            return path, f"{describe(x)} with children {x_keys}", f"{describe(y)} with children {y_keys}"
+            return (
+                path,
+                f"{describe(x)} with children {x_keys}",
+                f"{describe(y)} with children {y_keys}",
+            )
         note = " (their static fields or pytree metadata differ)"
         return path, describe(x), describe(y) + note
-    for (key, x_child), (_, y_child) in zip(x_level[0], y_level[0]):
+    for (key, x_child), (_, y_child) in zip(x_level[0], y_level[0], strict=True):
         found = first_difference(x_child, y_child, (*path, key))
         if found is not None:
             return found
     return None
 
 
-def structure_error(function: str, name: str, tree: Any, other_name: str, other: Any) -> ValueError:
+def structure_error(
+    function: str, name: str, tree: Any, other_name: str, other: Any
+) -> ValueError:
     found = first_difference(tree, other)
     if found is None:  # the treedefs differ in a way the walk cannot localise
         found = ((), describe(tree), describe(other))
@@ -120,18 +130,24 @@ def check_operand(function: str, path: KeyPath, name: str, value: Any) -> None:
         )
 
 
-def check_broadcast(function: str, path: KeyPath, names: Sequence[str], values: Sequence[Any]) -> None:
+def check_broadcast(
+    function: str, path: KeyPath, names: Sequence[str], values: Sequence[Any]
+) -> None:
     shapes = [jnp.shape(v) for v in values]
     try:
         jnp.broadcast_shapes(*shapes)
     except ValueError:
-        listed = ", ".join(f"{n}: {list(s)}" for n, s in zip(names, shapes))
+        listed = ", ".join(
+            f"{n}: {list(s)}" for n, s in zip(names, shapes, strict=True)
+        )
         raise ValueError(
             f"{function}: incompatible shapes at {path_str(path)} ({listed})."
         ) from None
 
 
-def map_arrays(function: str, fn: Callable[..., Any], named_trees: Sequence[tuple[str, Any]]) -> Any:
+def map_arrays(
+    function: str, fn: Callable[..., Any], named_trees: Sequence[tuple[str, Any]]
+) -> Any:
     """Applies `fn` leafwise at the array leaves of the first tree.
 
     The result has the first tree's structure. Where the first tree has `None` the
@@ -147,7 +163,7 @@ def map_arrays(function: str, fn: Callable[..., Any], named_trees: Sequence[tupl
         if not eqx.is_array(leaf) or any(o is None for o in operands):
             out.append(leaf)
             continue
-        for name, operand in zip(names[1:], operands):
+        for name, operand in zip(names[1:], operands, strict=True):
             check_operand(function, path, name, operand)
         if operands:
             check_broadcast(function, path, names, [leaf, *operands])

@@ -13,7 +13,9 @@ Filtering = Callable[[KeyPath, Any], bool]
 
 
 def _is_named_node(node: Any) -> bool:
-    return isinstance(node, eqx.Module) or (isinstance(node, tuple) and hasattr(node, "_fields"))
+    return isinstance(node, eqx.Module) or (
+        isinstance(node, tuple) and hasattr(node, "_fields")
+    )
 
 
 def _key_name(key: Any) -> Any:
@@ -88,19 +90,16 @@ def get_all_with_path(
     return [
         (path, node)
         for path, node, last_name in _walk(tree, (), _NO_NAME)
-        if _matches(key, node, last_name) and (filtering is None or filtering(path, node))
+        if _matches(key, node, last_name)
+        and (filtering is None or filtering(path, node))
     ]
 
 
-class _Missing:
-    def __repr__(self) -> str:
-        return "<missing>"
 
 
-_MISSING: Any = _Missing()
-
-
-def get(tree: PyTree, key: Any, default: Any = _MISSING, filtering: Filtering | None = None) -> Any:
+def get(
+    tree: PyTree, key: Any, default: Any = None, filtering: Filtering | None = None
+) -> Any:
     """Reads the one value of a pytree stored under a given field name or key.
 
     Matching is as for [`eqopt.tree.get_all_with_path`][].
@@ -109,14 +108,13 @@ def get(tree: PyTree, key: Any, default: Any = _MISSING, filtering: Filtering | 
 
     - `tree`: the pytree to search, typically an optimiser state.
     - `key`: the field name, dict key or class name to look for.
-    - `default`: returned when nothing matches. Without it, no match is an error.
+    - `default`: returned when nothing matches (`None` by default, as in Optax).
     - `filtering`: an optional predicate `filtering(path, value) -> bool` to choose
       among several matches.
 
     **Returns:** the matching value.
 
-    **Raises:** `KeyError` naming the paths found if several values match, or if
-    none does and no `default` is given.
+    **Raises:** `KeyError` naming the paths found if several values match.
 
     !!! example
 
@@ -129,12 +127,11 @@ def get(tree: PyTree, key: Any, default: Any = _MISSING, filtering: Filtering | 
     if len(found) == 1:
         return found[0][1]
     if not found:
-        if default is not _MISSING:
-            return default
-        raise KeyError(f"get: found no value under {key!r}" + _filter_note(filtering) + ".")
+        return default
     paths = ", ".join(path_str(path) for path, _ in found)
     raise KeyError(
-        f"get: found {len(found)} values under {key!r}" + _filter_note(filtering)
+        f"get: found {len(found)} values under {key!r}"
+        + _filter_note(filtering)
         + f", at {paths}. Pass `filtering=lambda path, value: ...` to choose one."
     )
 
@@ -152,7 +149,9 @@ def _replace(node: Any, path: KeyPath, replacements: dict[KeyPath, Any]) -> Any:
     if level is None:
         return node
     pairs, treedef = level
-    return treedef.unflatten([_replace(child, (*path, key), replacements) for key, child in pairs])
+    return treedef.unflatten(
+        [_replace(child, (*path, key), replacements) for key, child in pairs]
+    )
 
 
 def set(tree: PyTree, filtering: Filtering | None = None, /, **kwargs: Any) -> PyTree:
@@ -183,14 +182,18 @@ def set(tree: PyTree, filtering: Filtering | None = None, /, **kwargs: Any) -> P
     for key, value in kwargs.items():
         found = get_all_with_path(tree, key, filtering)
         if not found:
-            raise KeyError(f"set: found no value under {key!r}" + _filter_note(filtering) + ".")
+            raise KeyError(
+                f"set: found no value under {key!r}" + _filter_note(filtering) + "."
+            )
         for path, _ in found:
             replacements[path] = value
     # Keep only the outermost of nested matches.
     outermost = {
         path: value
         for path, value in replacements.items()
-        if not any(other != path and path[: len(other)] == other for other in replacements)
+        if not any(
+            other != path and path[: len(other)] == other for other in replacements
+        )
     }
     return _replace(tree, (), outermost)
 
@@ -292,7 +295,9 @@ def map_params(
     if not isinstance(problem, str):
         marked = problem
         return jax.tree.map(
-            lambda marker, value: map_part(value) if _is_placeholder(marker) else map_other(value),
+            lambda marker, value: (
+                map_part(value) if _is_placeholder(marker) else map_other(value)
+            ),
             marked,
             state,
             is_leaf=_is_placeholder,
@@ -332,7 +337,9 @@ def _find_by_placeholder(initable: Any, state: Any) -> Any:
         else:
             marked = initable(placeholder)
     except Exception as error:  # an init that inspects the params
-        return f"initialising on a placeholder failed ({type(error).__name__}: {error})."
+        return (
+            f"initialising on a placeholder failed ({type(error).__name__}: {error})."
+        )
     found = _first_prefix_difference(marked, state)
     if found is not None:
         return (
@@ -342,7 +349,9 @@ def _find_by_placeholder(initable: Any, state: Any) -> Any:
     return marked
 
 
-def _first_prefix_difference(marked: Any, state: Any, path: KeyPath = ()) -> KeyPath | None:
+def _first_prefix_difference(
+    marked: Any, state: Any, path: KeyPath = ()
+) -> KeyPath | None:
     if _is_placeholder(marked):
         return None
     marked_level, state_level = children(marked), children(state)
@@ -350,7 +359,7 @@ def _first_prefix_difference(marked: Any, state: Any, path: KeyPath = ()) -> Key
         return None if state_level is None else path
     if state_level is None or marked_level[1] != state_level[1]:
         return path
-    for (key, m), (_, s) in zip(marked_level[0], state_level[0]):
+    for (key, m), (_, s) in zip(marked_level[0], state_level[0], strict=True):
         found = _first_prefix_difference(m, s, (*path, key))
         if found is not None:
             return found
