@@ -50,6 +50,18 @@ with _jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
     from ._hyper import ScalarOrSchedule as ScalarOrSchedule
     from . import schedules as schedules
     from . import projections as projections, tree as tree
+    from . import (
+        assignment as assignment,
+        monte_carlo as monte_carlo,
+        perturbations as perturbations,
+        second_order as second_order,
+    )
+    from ._linalg import (
+        matrix_inverse_pth_root as matrix_inverse_pth_root,
+        nnls as nnls,
+        power_iteration as power_iteration,
+        scale_gradient as scale_gradient,
+    )
     from .tree import map_params as tree_map_params
     from .schedules import (
         AbstractSchedule as AbstractSchedule,
