@@ -389,6 +389,21 @@ def zeros_like_trainable(params: Params, dtype: Any = None) -> Updates:
     return jax.tree.map(zeros, params)
 
 
+def full_like_trainable_real(params: Params, value: Any) -> Updates:
+    """A tree shaped like `params`: `value` at trainable leaves, `None` elsewhere.
+
+    The arrays are real, in the real dtype of each parameter (`float32` for a
+    `complex64` parameter): they hold squared moduli.
+    """
+
+    def full(p):
+        if not is_trainable(p):
+            return None
+        return jnp.full(p.shape, value, dtype=jnp.finfo(p.dtype).dtype)
+
+    return jax.tree.map(full, params)
+
+
 def leafwise(fn: Callable, updates: Updates, *trees: Any, n_out: int | None = None) -> Any:
     """Maps `fn` over the leaves of `updates` and trees shaped like it.
 

@@ -10,6 +10,20 @@ def _is_none(x) -> bool:
     return x is None
 
 
+def abs_squared(g: Inexact[Array, "..."]) -> Float[Array, "..."]:
+    """$|g|^2 = g \\bar g$, real (in the real dtype of `g`) for complex `g`."""
+    if jnp.iscomplexobj(g):
+        return jnp.real(g) ** 2 + jnp.imag(g) ** 2
+    return jnp.square(g)
+
+
+def debias(
+    moment: Inexact[Array, "..."], decay: Float[ArrayLike, ""], count: Int[ArrayLike, ""]
+) -> Inexact[Array, "..."]:
+    """One leaf of `bias_correction`: `moment / (1 - decay**count)`, in the moment's dtype."""
+    return moment / (1 - decay**count).astype(moment.dtype)
+
+
 def safe_norm(
     x: Inexact[Array, "..."],
     min_norm: Float[ArrayLike, ""],
@@ -85,8 +99,7 @@ def bias_correction(
 
     `None` leaves stay `None`; the result keeps each leaf's dtype.
     """
-    correction = 1 - jnp.asarray(decay) ** jnp.asarray(count)
-    return jax.tree.map(lambda t: t / correction.astype(t.dtype), moment)
+    return jax.tree.map(lambda t: debias(t, jnp.asarray(decay), jnp.asarray(count)), moment)
 
 
 def update_moment(
@@ -125,10 +138,7 @@ def update_moment_per_elem_norm(
     """
 
     def order_th_norm(g):
-        if jnp.iscomplexobj(g):
-            squared = jnp.real(g) ** 2 + jnp.imag(g) ** 2
-        else:
-            squared = jnp.square(g)
+        squared = abs_squared(g)
         if order == 2:
             return squared
         return jnp.power(squared, order / 2)

@@ -9,7 +9,9 @@ inputs, the documented differences from Optax, and the docstrings.
 """
 
 import dataclasses
+import functools
 import inspect
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +25,16 @@ import pytest
 from helpers import assert_tree_allclose
 
 import eqopt.losses as losses
+
+# The tests compile many small graphs, for which XLA's backend optimisations cost
+# far more time than they save.
+_jit = functools.partial(
+    jax.jit,
+    compiler_options={
+        "xla_backend_optimization_level": 0,
+        "xla_llvm_disable_expensive_passes": True,
+    },
+)
 
 PUBLIC_NAMES = (
     "l2_loss",
@@ -61,15 +73,47 @@ PUBLIC_NAMES = (
 
 # ---------------------------------------------------------------------------
 # Input builders. Each takes a key and returns the positional arguments.
+#
+# Random numbers come from `jax.random.key(seed)`, drawn as one fixed-size pool
+# (so the random kernel compiles once, not once per shape) and shaped in NumPy.
+
+_POOL_SIZE = 256
+
+
+def _pool(key, kind: str) -> np.ndarray:
+    draw = jax.random.normal if kind == "normal" else jax.random.uniform
+    return np.asarray(draw(key, (_POOL_SIZE,)), np.float32)
+
+
+def _split(key, num=2):
+    return jax.random.split(key, num)
 
 
 def _normal(key, shape, scale=1.0):
-    return scale * jax.random.normal(key, shape)
+    return jnp.asarray(scale * _pool(key, "normal")[: math.prod(shape)].reshape(shape))
+
+
+def _uniform_np(key, shape) -> np.ndarray:
+    return _pool(key, "uniform")[: math.prod(shape)].reshape(shape)
+
+
+def _randint_np(key, shape, low, high) -> np.ndarray:
+    return (low + np.floor(_uniform_np(key, shape) * (high - low))).astype(np.int32)
+
+
+def _softmax_np(x, axis=-1) -> np.ndarray:
+    x = np.asarray(x, np.float64)
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return (e / e.sum(axis=axis, keepdims=True)).astype(np.float32)
+
+
+def _one_hot_np(indices, num_classes) -> np.ndarray:
+    return np.eye(num_classes, dtype=np.float32)[indices]
 
 
 def _regression(shape=(3, 4), scale=1.0):
     def make(key):
-        k1, k2 = jax.random.split(key)
+        k1, k2 = _split(key)
         return _normal(k1, shape, scale), _normal(k2, shape, scale)
 
     return make
@@ -77,69 +121,77 @@ def _regression(shape=(3, 4), scale=1.0):
 
 def _logits_and_distribution(shape=(3, 5), axis=-1):
     def make(key):
-        k1, k2 = jax.random.split(key)
-        return _normal(k1, shape, 2.0), jax.nn.softmax(_normal(k2, shape), axis=axis)
+        k1, k2 = _split(key)
+        distribution = _softmax_np(_normal(k2, shape), axis=axis)
+        return _normal(k1, shape, 2.0), jnp.asarray(distribution)
 
     return make
 
 
 def _logits_and_indices(logits_shape, labels_shape, num_classes):
     def make(key):
-        k1, k2 = jax.random.split(key)
-        labels = jax.random.randint(k2, labels_shape, 0, num_classes)
-        return _normal(k1, logits_shape, 2.0), labels
+        k1, k2 = _split(key)
+        labels = _randint_np(k2, labels_shape, 0, num_classes)
+        return _normal(k1, logits_shape, 2.0), jnp.asarray(labels)
 
     return make
 
 
 def _logits_and_binary(shape=(3, 4), soft=True, integer=False, signed=False):
     def make(key):
-        k1, k2 = jax.random.split(key)
-        labels = jax.random.uniform(k2, shape)
+        k1, k2 = _split(key)
+        labels = _uniform_np(k2, shape)
         if not soft:
-            labels = jnp.round(labels)
+            labels = np.round(labels)
             if signed:
                 labels = 2 * labels - 1
             if integer:
-                labels = labels.astype(jnp.int32)
-        return _normal(k1, shape, 2.0), labels
+                labels = labels.astype(np.int32)
+        return _normal(k1, shape, 2.0), jnp.asarray(labels)
 
     return make
 
 
 def _log_predictions_and_targets(shape=(3, 5), normalised=True):
     def make(key):
-        k1, k2 = jax.random.split(key)
+        k1, k2 = _split(key)
         if normalised:
-            return jax.nn.log_softmax(_normal(k1, shape)), jax.nn.softmax(
-                _normal(k2, shape)
+            log_predictions = np.log(_softmax_np(_normal(k1, shape)))
+            return jnp.asarray(log_predictions), jnp.asarray(
+                _softmax_np(_normal(k2, shape))
             )
-        return _normal(k1, shape, 0.5), jnp.exp(_normal(k2, shape, 0.5))
+        targets = np.exp(np.asarray(_normal(k2, shape, 0.5)))
+        return _normal(k1, shape, 0.5), jnp.asarray(targets)
 
     return make
 
 
 def _log_predictions_and_log_targets(key):
-    k1, k2 = jax.random.split(key)
-    return jax.nn.log_softmax(_normal(k1, (3, 5))), jax.nn.log_softmax(
-        _normal(k2, (3, 5))
+    k1, k2 = _split(key)
+    return (
+        jnp.asarray(np.log(_softmax_np(_normal(k1, (3, 5))))),
+        jnp.asarray(np.log(_softmax_np(_normal(k2, (3, 5))))),
     )
 
 
 def _smooth_inputs(key):
-    labels = jax.nn.one_hot(jax.random.randint(key, (3,), 0, 4), 4)
-    return labels, 0.1
+    return jnp.asarray(_one_hot_np(_randint_np(key, (3,), 0, 4), 4)), 0.1
 
 
 def _ctc_inputs(key):
     batch, time, classes, num_labels = 3, 6, 4, 3
-    k1, k2 = jax.random.split(key)
+    k1, k2 = _split(key)
     logits = _normal(k1, (batch, time, classes))
-    labels = jax.random.randint(k2, (batch, num_labels), 1, classes)
-    labels = labels.at[1, 1].set(labels[1, 0])  # a repeated label
-    logit_paddings = jnp.array([[0.0] * 6, [0.0] * 5 + [1.0], [0.0] * 4 + [1.0] * 2])
-    label_paddings = jnp.array([[0.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 1.0, 1.0]])
-    return logits, logit_paddings, labels, label_paddings
+    labels = _randint_np(k2, (batch, num_labels), 1, classes)
+    labels[1, 1] = labels[1, 0]  # a repeated label
+    logit_paddings = np.array([[0.0] * 6, [0.0] * 5 + [1.0], [0.0] * 4 + [1.0] * 2])
+    label_paddings = np.array([[0.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 1.0, 1.0]])
+    return (
+        logits,
+        jnp.asarray(logit_paddings, jnp.float32),
+        jnp.asarray(labels),
+        jnp.asarray(label_paddings, jnp.float32),
+    )
 
 
 def _ntxent_inputs(key):
@@ -148,35 +200,36 @@ def _ntxent_inputs(key):
 
 def _triplet_inputs(shape=(4, 3)):
     def make(key):
-        k1, k2, k3 = jax.random.split(key, 3)
-        anchors = _normal(k1, shape)
-        return anchors, anchors + _normal(k2, shape, 0.5), _normal(k3, shape)
+        k1, k2, k3 = _split(key, 3)
+        anchors = np.asarray(_normal(k1, shape))
+        positives = anchors + np.asarray(_normal(k2, shape, 0.5))
+        return jnp.asarray(anchors), jnp.asarray(positives), _normal(k3, shape)
 
     return make
 
 
 def _ranking_inputs(key):
-    k1, k2 = jax.random.split(key)
-    labels = jax.random.randint(k2, (3, 5), 0, 3).astype(jnp.float32)
-    return _normal(k1, (3, 5)), labels
+    k1, k2 = _split(key)
+    labels = _randint_np(k2, (3, 5), 0, 3).astype(np.float32)
+    return _normal(k1, (3, 5)), jnp.asarray(labels)
 
 
 def _segmentation_inputs(shape=(2, 3, 3, 3), probabilities=False):
     def make(key):
-        k1, k2 = jax.random.split(key)
+        k1, k2 = _split(key)
         predictions = _normal(k1, shape)
         if probabilities:
-            predictions = jax.nn.softmax(predictions, axis=-1)
-        classes = jax.random.randint(k2, shape[:-1], 0, shape[-1])
-        return predictions, jax.nn.one_hot(classes, shape[-1])
+            predictions = jnp.asarray(_softmax_np(predictions, axis=-1))
+        classes = _randint_np(k2, shape[:-1], 0, shape[-1])
+        return predictions, jnp.asarray(_one_hot_np(classes, shape[-1]))
 
     return make
 
 
 def _binary_segmentation_inputs(shape):
     def make(key):
-        k1, k2 = jax.random.split(key)
-        return _normal(k1, shape), jnp.round(jax.random.uniform(k2, shape))
+        k1, k2 = _split(key)
+        return _normal(k1, shape), jnp.asarray(np.round(_uniform_np(k2, shape)))
 
     return make
 
@@ -213,17 +266,22 @@ def _with_where(make_where):
     return lambda args: {"where": make_where(args)}
 
 
+# Drawn now: masks are built inside `jit`, where random numbers would be traced.
+_WHERE_POOL = _pool(jax.random.key(99), "uniform")
+
+
 def _full_where(args):
     """A mask of the first argument's shape selecting about 2/3 of the entries,
     at least one per row."""
     shape = jnp.shape(args[0])
-    mask = jax.random.uniform(jax.random.key(99), shape) < 0.66
-    return mask.at[..., 0].set(True)
+    mask = _WHERE_POOL[: math.prod(shape)].reshape(shape) < 0.66
+    mask[..., 0] = True
+    return jnp.asarray(mask)
 
 
 def _row_where(args):
     shape = jnp.shape(args[0])[:-1]
-    return jnp.arange(int(np.prod(shape))).reshape(shape) % 2 == 0
+    return jnp.asarray(np.arange(math.prod(shape)).reshape(shape) % 2 == 0)
 
 
 def _fenchel_young(factory):
@@ -557,9 +615,9 @@ def _value_and_grad(case: Case, namespace, args, argnums):
         )
         return value, grads
 
-    # One compilation is much cheaper than op-by-op dispatch of the same graph.
+    # One compilation is much cheaper than dispatching the graph op by op.
     if case.jit or namespace is losses:
-        value_and_grad = jax.jit(value_and_grad)
+        value_and_grad = _jit(value_and_grad)
     return value_and_grad(*args)
 
 
@@ -665,9 +723,9 @@ def _finite_value_and_grads(fn, *args, argnums=0):
         value = fn(*a)
         return jnp.sum(value), value
 
-    (_, value), grads = jax.jit(
-        jax.value_and_grad(summed, argnums=argnums, has_aux=True)
-    )(*args)
+    (_, value), grads = _jit(jax.value_and_grad(summed, argnums=argnums, has_aux=True))(
+        *args
+    )
     for leaf in jax.tree.leaves((value, grads)):
         assert jnp.all(jnp.isfinite(leaf)), (value, grads)
     return value, grads
@@ -688,7 +746,7 @@ def test_minus_inf_logits_with_zero_label(name):
     )
     assert grads[0][0, 2] == 0
     # The masked class changes nothing: same as dropping it.
-    dropped = jax.jit(fn)(MASKED_LOGITS[:1, :2], MASKED_LABELS[:1, :2])
+    dropped = _jit(fn)(MASKED_LOGITS[:1, :2], MASKED_LABELS[:1, :2])
     assert_tree_allclose(value[0], dropped[0])
 
 
@@ -759,8 +817,9 @@ def test_zero_targets_in_divergences(fn):
 
 def _empty_where_cases():
     logits = jnp.array([[1.0, 2.0, 0.5], [0.3, -1.0, 2.0]])
-    distribution = jax.nn.softmax(jnp.array([[0.1, 0.2, 0.3], [1.0, 0.0, -1.0]]))
-    log_distribution = jnp.log(distribution)
+    distribution = _softmax_np(np.array([[0.1, 0.2, 0.3], [1.0, 0.0, -1.0]]))
+    log_distribution = jnp.asarray(np.log(distribution))
+    distribution = jnp.asarray(distribution)
     return [
         ("cosine_similarity", (logits, distribution), {}),
         ("cosine_distance", (logits, distribution), {}),
@@ -1064,10 +1123,10 @@ def test_difference_kl_with_impossible_predictions():
 
 def test_difference_cosine_similarity_zero_vector():
     zeros, other = jnp.zeros((1, 3)), jnp.ones((1, 3))
-    assert jnp.isnan(jax.jit(optax.losses.cosine_similarity)(zeros, other)[0])
-    assert jax.jit(losses.cosine_similarity)(zeros, other)[0] == 0
+    assert jnp.isnan(_jit(optax.losses.cosine_similarity)(zeros, other)[0])
+    assert _jit(losses.cosine_similarity)(zeros, other)[0] == 0
     where = jnp.zeros((1, 3), bool)
-    optax_grad = jax.jit(
+    optax_grad = _jit(
         jax.grad(lambda x: optax.losses.cosine_similarity(x, other, where=where).sum())
     )(other)
     assert jnp.any(jnp.isnan(optax_grad))
@@ -1085,8 +1144,8 @@ def test_difference_smooth_labels_where():
 
 def test_difference_ntxent_without_positive_pairs():
     embeddings = _normal(jax.random.key(0), (4, 3))
-    assert jnp.isnan(jax.jit(optax.losses.ntxent)(embeddings, jnp.arange(4)))
-    assert jax.jit(losses.ntxent)(embeddings, jnp.arange(4)) == 0
+    assert jnp.isnan(_jit(optax.losses.ntxent)(embeddings, jnp.arange(4)))
+    assert _jit(losses.ntxent)(embeddings, jnp.arange(4)) == 0
 
 
 def test_difference_triplet_odd_degree():
@@ -1113,7 +1172,7 @@ def test_difference_dice_without_activation():
         losses.binary_dice_loss(predictions, targets),
     )
     multiclass, one_hot = _segmentation_inputs(probabilities=True)(jax.random.key(1))
-    jitted = jax.jit(lambda p: losses.dice_loss(p, one_hot, apply_softmax=False))(
+    jitted = _jit(lambda p: losses.dice_loss(p, one_hot, apply_softmax=False))(
         multiclass
     )
     assert_tree_allclose(
@@ -1143,6 +1202,6 @@ def test_difference_no_implicit_broadcasting(name):
 
 def test_sparsemax_many_batch_axes():
     scores, labels = _logits_and_indices((2, 3, 5), (2, 3), 5)(jax.random.key(0))
-    loss = jax.jit(losses.multiclass_sparsemax_loss)
+    loss = _jit(losses.multiclass_sparsemax_loss)
     flat = loss(scores.reshape(6, 5), labels.reshape(6))
     assert_tree_allclose(loss(scores, labels), flat.reshape(2, 3))

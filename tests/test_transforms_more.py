@@ -153,3 +153,18 @@ def test_keep_params_nonnegative_rejects_complex_naming_the_path():
     tx = eqopt.keep_params_nonnegative()
     with pytest.raises(ValueError, match=r"\['z'\].*complex64"):
         tx.update(params, tx.init(params), params)
+
+
+def test_adam_second_moment_is_real_for_complex_params():
+    """Optax stores Adam's `nu` as complex with a zero imaginary part; eqopt stores it real.
+
+    The updates are the same (the parity tests compare them on complex64).
+    """
+    params = {"w": jnp.array([1.0 + 2.0j, -0.5j])}
+    for tx in (eqopt.scale_by_adam(), eqopt.scale_by_amsgrad()):
+        state = tx.init(params)
+        assert state.nu["w"].dtype == jnp.float32 and state.mu["w"].dtype == jnp.complex64
+        _, state = tx.update({"w": jnp.array([0.3 - 0.1j, 2.0 + 0.0j])}, state)
+        assert state.nu["w"].dtype == jnp.float32
+    state = eqopt.scale_by_adam(nu_dtype=jnp.bfloat16).init({"w": jnp.ones(2)})
+    assert state.nu["w"].dtype == jnp.bfloat16

@@ -6,26 +6,30 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Inexact, Int, PyTree
 
-from .._base import AbstractGradientTransformation, Params, Updates, leafwise, zeros_like_trainable
+from .._base import (
+    AbstractGradientTransformation,
+    Params,
+    Updates,
+    full_like_trainable_real,
+    leafwise,
+    zeros_like_trainable,
+)
 from .._hyper import check_hyperparameter, hyperparameter
-from .._numerics import safe_int32_increment
+from .._numerics import abs_squared, debias, safe_int32_increment
 
 Moments = PyTree[Inexact[Array, "..."] | None]
 
 
-def _second_moment(g):
-    """$|g|^2$, real for complex $g$."""
-    if jnp.iscomplexobj(g):
-        return jnp.real(g) ** 2 + jnp.imag(g) ** 2
-    return jnp.square(g)
-
-
-def _corrected(moment, decay, count):
-    return moment / (1 - decay**count).astype(moment.dtype)
-
-
 def _cast(x, dtype):
     return x if dtype is None else x.astype(dtype)
+
+
+def _second_moment_zeros(params, dtype):
+    # |g|^2 is real, so the second moment is stored in the real dtype (float32
+    # for complex64 params), unless a dtype is asked for.
+    if dtype is None:
+        return full_like_trainable_real(params, 0.0)
+    return zeros_like_trainable(params, dtype)
 
 
 def _check_decays(module, *names):
@@ -55,7 +59,9 @@ class ScaleByAdam(AbstractGradientTransformation):
 
     With `nesterov=True` the first moment is replaced by Dozat's look-ahead
     $\beta_1 m_t / (1 - \beta_1^{t+1}) + (1 - \beta_1) g_t / (1 - \beta_1^t)$
-    (NAdam). Complex updates use $|g|^2 = g \bar g$, so $v$ is real.
+    (NAdam). Complex updates use $|g|^2 = g \bar g$, so $v$ is real and is
+    stored as a real array (Optax stores it complex with a zero imaginary part;
+    the updates are the same).
 
     **Arguments:**
 
@@ -98,7 +104,7 @@ class ScaleByAdam(AbstractGradientTransformation):
         return ScaleByAdamState(
             count=jnp.zeros([], jnp.int32),
             mu=zeros_like_trainable(params, self.mu_dtype),
-            nu=zeros_like_trainable(params, self.nu_dtype),
+            nu=_second_moment_zeros(params, self.nu_dtype),
         )
 
     def update(self, updates: Updates, state: ScaleByAdamState,
@@ -110,14 +116,14 @@ class ScaleByAdam(AbstractGradientTransformation):
         def step(g, mu, nu):
             mu_dtype, nu_dtype = mu.dtype, nu.dtype
             mu = (1 - b1) * g + b1 * mu
-            nu = (1 - b2) * _second_moment(g) + b2 * nu
+            nu = (1 - b2) * abs_squared(g) + b2 * nu
             if self.nesterov:
-                mu_hat = b1 * _corrected(mu, b1, safe_int32_increment(count)) + _corrected(
+                mu_hat = b1 * debias(mu, b1, safe_int32_increment(count)) + debias(
                     (1 - b1) * g, b1, count
                 )
             else:
-                mu_hat = _corrected(mu, b1, count)
-            nu_hat = _corrected(nu, b2, count)
+                mu_hat = debias(mu, b1, count)
+            nu_hat = debias(nu, b2, count)
             update = mu_hat / (jnp.sqrt(nu_hat + eps_root) + eps)
             return update, _cast(mu, self.mu_dtype or mu_dtype), _cast(nu, self.nu_dtype or nu_dtype)
 
@@ -185,8 +191,8 @@ class ScaleByAmsgrad(AbstractGradientTransformation):
         return ScaleByAmsgradState(
             count=jnp.zeros([], jnp.int32),
             mu=zeros_like_trainable(params, self.mu_dtype),
-            nu=zeros_like_trainable(params),
-            nu_max=zeros_like_trainable(params),
+            nu=full_like_trainable_real(params, 0.0),
+            nu_max=full_like_trainable_real(params, 0.0),
         )
 
     def update(self, updates: Updates, state: ScaleByAmsgradState,
@@ -198,9 +204,9 @@ class ScaleByAmsgrad(AbstractGradientTransformation):
         def step(g, mu, nu, nu_max):
             mu_dtype = mu.dtype
             mu = (1 - b1) * g + b1 * mu
-            nu = (1 - b2) * _second_moment(g) + b2 * nu
-            mu_hat = _corrected(mu, b1, count) if self.bias_correction_mu else mu
-            nu_hat = _corrected(nu, b2, count) if self.bias_correction_nu else nu
+            nu = (1 - b2) * abs_squared(g) + b2 * nu
+            mu_hat = debias(mu, b1, count) if self.bias_correction_mu else mu
+            nu_hat = debias(nu, b2, count) if self.bias_correction_nu else nu
             nu_max = jnp.maximum(nu_max, nu_hat)
             update = mu_hat / (jnp.sqrt(nu_max + eps_root) + eps)
             return update, _cast(mu, self.mu_dtype or mu_dtype), nu, nu_max
@@ -275,7 +281,7 @@ class ScaleByAdamax(AbstractGradientTransformation):
         def step(g, mu, nu):
             mu = (1 - b1) * g + b1 * mu
             nu = jnp.maximum(jnp.abs(g) + eps, b2 * nu)
-            return _corrected(mu, b1, count) / nu, mu, nu
+            return debias(mu, b1, count) / nu, mu, nu
 
         updates, mu, nu = leafwise(step, updates, state.mu, state.nu, n_out=3)
         return updates, ScaleByAdamaxState(count=count, mu=mu, nu=nu)

@@ -11,40 +11,14 @@ from .._base import (
     AbstractGradientTransformation,
     Params,
     Updates,
-    is_trainable,
+    full_like_trainable_real,
     leafwise,
     zeros_like_trainable,
 )
 from .._hyper import check_hyperparameter, hyperparameter
-from .._numerics import safe_int32_increment
+from .._numerics import abs_squared, debias, safe_int32_increment
 
 Moments = PyTree[Inexact[Array, "..."] | None]
-
-
-def abs_squared(g: Array) -> Array:
-    """$|g|^2 = g \\bar g$, real (in the real dtype of `g`) for complex `g`."""
-    if jnp.iscomplexobj(g):
-        return jnp.real(g) ** 2 + jnp.imag(g) ** 2
-    return jnp.square(g)
-
-
-def full_like_trainable_real(params: Params, value: Any) -> Moments:
-    """A tree shaped like `params`: `value` at trainable leaves, `None` elsewhere.
-
-    The arrays are real, in the real dtype of each parameter (`float32` for a
-    `complex64` parameter): they hold squared moduli.
-    """
-
-    def full(p):
-        if not is_trainable(p):
-            return None
-        return jnp.full(p.shape, value, dtype=jnp.finfo(p.dtype).dtype)
-
-    return jax.tree.map(full, params)
-
-
-def _debiased(moment, decay, count):
-    return moment / (1 - decay**count).astype(moment.dtype)
 
 
 def _inverse_root(x, eps, eps_in_sqrt):
@@ -121,7 +95,7 @@ class ScaleByRms(AbstractGradientTransformation):
 
         def step(g, nu):
             new_nu = (1 - decay) * abs_squared(g) + decay * nu
-            nu_hat = _debiased(new_nu, decay, count) if self.bias_correction else new_nu
+            nu_hat = debias(new_nu, decay, count) if self.bias_correction else new_nu
             return _inverse_root(nu_hat, eps, self.eps_in_sqrt) * g, new_nu.astype(nu.dtype)
 
         updates, nu = leafwise(step, updates, state.nu, n_out=2)
@@ -205,7 +179,7 @@ class ScaleByStddev(AbstractGradientTransformation):
             new_mu = (1 - decay) * g + decay * mu
             new_nu = (1 - decay) * abs_squared(g) + decay * nu
             if self.bias_correction:
-                mu_hat, nu_hat = _debiased(new_mu, decay, count), _debiased(new_nu, decay, count)
+                mu_hat, nu_hat = debias(new_mu, decay, count), debias(new_nu, decay, count)
             else:
                 mu_hat, nu_hat = new_mu, new_nu
             variance = nu_hat - abs_squared(mu_hat)

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, PyTree, Real, Shaped
 
+from .._numerics import abs_squared
 from ._paths import (
     array_leaves,
     check_broadcast,
@@ -320,12 +321,6 @@ def vdot(tree_x: PyTree, tree_y: PyTree) -> Shaped[Array, ""]:
     return functools.reduce(operator.add, products, jnp.asarray(0))
 
 
-def _squared_modulus(x: Array) -> Array:
-    if jnp.iscomplexobj(x):
-        return jnp.square(jnp.real(x)) + jnp.square(jnp.imag(x))
-    return jnp.square(x)
-
-
 def norm(
     tree: PyTree, ord: int | float | str | None = None, squared: bool = False
 ) -> Real[Array, ""]:
@@ -352,7 +347,7 @@ def norm(
     leaves = array_leaves(tree)
     if ord is None or (not isinstance(ord, str) and ord == 2):
         sum_of_squares = functools.reduce(
-            operator.add, [jnp.sum(_squared_modulus(x)) for x in leaves], jnp.asarray(0)
+            operator.add, [jnp.sum(abs_squared(x)) for x in leaves], jnp.asarray(0)
         )
         return sum_of_squares if squared else jnp.sqrt(sum_of_squares)
     if not isinstance(ord, str) and ord == 1:
