@@ -391,10 +391,11 @@ def parse_args(argv=None):
                         help="small trees and few repetitions: a sub-minute smoke run")
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ", ".join(CASES))
     parser.add_argument("--trees", default=",".join(TREES), help="comma-separated subset of " + ", ".join(TREES))
-    parser.add_argument("--compile-reps", type=int, default=5, help="compile repetitions per library")
-    parser.add_argument("--small-compile-reps", type=int, default=3,
-                        help="compile repetitions per library for the many-leaf tree")
-    parser.add_argument("--step-reps", type=int, default=15, help="step-time repetitions per library")
+    parser.add_argument("--compile-reps", type=int, default=3, help="compile repetitions per library")
+    parser.add_argument("--small-compile-reps", type=int, default=1,
+                        help="compile repetitions per library for the many-leaf tree (each takes"
+                             " 15-60 s of XLA time on 2 cores)")
+    parser.add_argument("--step-reps", type=int, default=21, help="step-time repetitions per library")
     parser.add_argument("--rep-seconds", type=float, default=0.1,
                         help="target length of one step-time repetition (sets the steps per repetition)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
@@ -413,7 +414,7 @@ def parse_args(argv=None):
         args.mlp_in, args.mlp_width, args.mlp_depth = 256, 256, 2
         args.tf_width, args.tf_blocks, args.tf_vocab, args.tf_context = 128, 2, 1000, 64
         args.small_leaves = 200
-        args.compile_reps, args.small_compile_reps, args.step_reps = 2, 2, 5
+        args.compile_reps, args.small_compile_reps, args.step_reps = 2, 1, 7
         args.rep_seconds, args.warmup = 0.02, 2
     args.cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     args.trees = [t.strip() for t in args.trees.split(",") if t.strip()]

@@ -50,6 +50,28 @@ with _jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
     from ._hyper import ScalarOrSchedule as ScalarOrSchedule
     from . import schedules as schedules
     from . import projections as projections, tree as tree
+    from . import losses as losses
+    from .losses import (
+        convex_kl_divergence as convex_kl_divergence,
+        cosine_distance as cosine_distance,
+        cosine_similarity as cosine_similarity,
+        ctc_loss as ctc_loss,
+        ctc_loss_with_forward_probs as ctc_loss_with_forward_probs,
+        generalized_kl_divergence as generalized_kl_divergence,
+        hinge_loss as hinge_loss,
+        huber_loss as huber_loss,
+        kl_divergence as kl_divergence,
+        l2_loss as l2_loss,
+        log_cosh as log_cosh,
+        ntxent as ntxent,
+        safe_softmax_cross_entropy as safe_softmax_cross_entropy,
+        sigmoid_binary_cross_entropy as sigmoid_binary_cross_entropy,
+        sigmoid_focal_loss as sigmoid_focal_loss,
+        smooth_labels as smooth_labels,
+        softmax_cross_entropy as softmax_cross_entropy,
+        softmax_cross_entropy_with_integer_labels as softmax_cross_entropy_with_integer_labels,
+        squared_error as squared_error,
+    )
     from . import (
         assignment as assignment,
         monte_carlo as monte_carlo,

@@ -14,54 +14,49 @@ for well-defined inputs (probabilities of exactly 0 or 1, `-inf` logits,
 of cases each docstring names.
 """
 
-import jaxtyping as _jaxtyping
-
-# `eqopt/__init__.py` imports this package under its own import hook; this one
-# covers importing `eqopt.losses` on its own. A module is instrumented once.
-with _jaxtyping.install_import_hook("eqopt.losses", "beartype.beartype"):
-    from ._classification import (
-        hinge_loss as hinge_loss,
-        multiclass_hinge_loss as multiclass_hinge_loss,
-        multiclass_perceptron_loss as multiclass_perceptron_loss,
-        perceptron_loss as perceptron_loss,
-        poly_loss_cross_entropy as poly_loss_cross_entropy,
-        safe_softmax_cross_entropy as safe_softmax_cross_entropy,
-        sigmoid_binary_cross_entropy as sigmoid_binary_cross_entropy,
-        sigmoid_focal_loss as sigmoid_focal_loss,
-        smooth_labels as smooth_labels,
-        softmax_cross_entropy as softmax_cross_entropy,
-        softmax_cross_entropy_with_integer_labels as softmax_cross_entropy_with_integer_labels,
-    )
-    from ._ctc import (
-        ctc_loss as ctc_loss,
-        ctc_loss_with_forward_probs as ctc_loss_with_forward_probs,
-    )
-    from ._divergence import (
-        convex_kl_divergence as convex_kl_divergence,
-        generalized_kl_divergence as generalized_kl_divergence,
-        kl_divergence as kl_divergence,
-        kl_divergence_with_log_targets as kl_divergence_with_log_targets,
-    )
-    from ._fenchel_young import (
-        make_fenchel_young_loss as make_fenchel_young_loss,
-        multiclass_sparsemax_loss as multiclass_sparsemax_loss,
-        sparsemax_loss as sparsemax_loss,
-    )
-    from ._ranking import ranking_softmax_loss as ranking_softmax_loss
-    from ._regression import (
-        cosine_distance as cosine_distance,
-        cosine_similarity as cosine_similarity,
-        huber_loss as huber_loss,
-        l2_loss as l2_loss,
-        log_cosh as log_cosh,
-        squared_error as squared_error,
-    )
-    from ._segmentation import (
-        binary_dice_loss as binary_dice_loss,
-        dice_loss as dice_loss,
-        multiclass_generalized_dice_loss as multiclass_generalized_dice_loss,
-    )
-    from ._self_supervised import (
-        ntxent as ntxent,
-        triplet_margin_loss as triplet_margin_loss,
-    )
+from ._classification import (
+    hinge_loss as hinge_loss,
+    multiclass_hinge_loss as multiclass_hinge_loss,
+    multiclass_perceptron_loss as multiclass_perceptron_loss,
+    perceptron_loss as perceptron_loss,
+    poly_loss_cross_entropy as poly_loss_cross_entropy,
+    safe_softmax_cross_entropy as safe_softmax_cross_entropy,
+    sigmoid_binary_cross_entropy as sigmoid_binary_cross_entropy,
+    sigmoid_focal_loss as sigmoid_focal_loss,
+    smooth_labels as smooth_labels,
+    softmax_cross_entropy as softmax_cross_entropy,
+    softmax_cross_entropy_with_integer_labels as softmax_cross_entropy_with_integer_labels,
+)
+from ._ctc import (
+    ctc_loss as ctc_loss,
+    ctc_loss_with_forward_probs as ctc_loss_with_forward_probs,
+)
+from ._divergence import (
+    convex_kl_divergence as convex_kl_divergence,
+    generalized_kl_divergence as generalized_kl_divergence,
+    kl_divergence as kl_divergence,
+    kl_divergence_with_log_targets as kl_divergence_with_log_targets,
+)
+from ._fenchel_young import (
+    make_fenchel_young_loss as make_fenchel_young_loss,
+    multiclass_sparsemax_loss as multiclass_sparsemax_loss,
+    sparsemax_loss as sparsemax_loss,
+)
+from ._ranking import ranking_softmax_loss as ranking_softmax_loss
+from ._regression import (
+    cosine_distance as cosine_distance,
+    cosine_similarity as cosine_similarity,
+    huber_loss as huber_loss,
+    l2_loss as l2_loss,
+    log_cosh as log_cosh,
+    squared_error as squared_error,
+)
+from ._segmentation import (
+    binary_dice_loss as binary_dice_loss,
+    dice_loss as dice_loss,
+    multiclass_generalized_dice_loss as multiclass_generalized_dice_loss,
+)
+from ._self_supervised import (
+    ntxent as ntxent,
+    triplet_margin_loss as triplet_margin_loss,
+)

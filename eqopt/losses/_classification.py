@@ -268,6 +268,7 @@ def sigmoid_focal_loss(
     modulator = jnp.exp(gamma * jnp.maximum(log_one_minus_pt, floor))
     loss = modulator * cross_entropy
     if alpha is not None:
+        alpha = jnp.asarray(alpha)
         loss = (alpha * labels + (1 - alpha) * (1 - labels)) * loss
     return loss
 
@@ -359,6 +360,7 @@ def smooth_labels(
     Smoothing Help?*, NeurIPS 2019.
     """
     labels = jnp.asarray(labels)
+    alpha = jnp.asarray(alpha)
     axes = normalize_axes(axis, labels.ndim)
     where = expand_where(where, labels.shape, axes, allow_batch_shape=False)
     if where is None:
