@@ -72,11 +72,13 @@ def make_mlp(args, key):
 def make_transformer(args, key):
     """A dict shaped like a decoder-only transformer's parameters."""
     d, f, vocab = args.tf_width, 4 * args.tf_width, args.tf_vocab
-    keys = iter(jax.random.split(key, 8 * args.tf_blocks + 2))
+    rng = np.random.default_rng(args.seed)
+
+    def normal(shape, scale):
+        return jnp.asarray(rng.standard_normal(shape, np.float32) * scale)
 
     def dense(n_in, n_out):
-        w = jax.random.normal(next(keys), (n_in, n_out), jnp.float32) / math.sqrt(n_in)
-        return {"w": w, "b": jnp.zeros((n_out,), jnp.float32)}
+        return {"w": normal((n_in, n_out), 1 / math.sqrt(n_in)), "b": jnp.zeros((n_out,), jnp.float32)}
 
     def layer_norm():
         return {"scale": jnp.ones((d,), jnp.float32), "bias": jnp.zeros((d,), jnp.float32)}
@@ -93,8 +95,8 @@ def make_transformer(args, key):
         for _ in range(args.tf_blocks)
     ]
     return {
-        "embed": jax.random.normal(next(keys), (vocab, d), jnp.float32) * 0.02,
-        "pos_embed": jax.random.normal(next(keys), (args.tf_context, d), jnp.float32) * 0.02,
+        "embed": normal((vocab, d), 0.02),
+        "pos_embed": normal((args.tf_context, d), 0.02),
         "blocks": blocks,
         "ln_f": layer_norm(),
     }
@@ -105,11 +107,13 @@ SMALL_SHAPES = ((8, 8), (16,), (4, 16), (32,), (2, 4, 8))
 
 def make_small(args, key):
     """A dict of many small leaves of mixed shapes (matrices and vectors)."""
-    keys = jax.random.split(key, args.small_leaves)
+    rng = np.random.default_rng(args.seed)
     width = len(str(args.small_leaves - 1))
     return {
-        f"p{i:0{width}d}": jax.random.normal(k, SMALL_SHAPES[i % len(SMALL_SHAPES)], jnp.float32)
-        for i, k in enumerate(keys)
+        f"p{i:0{width}d}": jnp.asarray(
+            rng.standard_normal(SMALL_SHAPES[i % len(SMALL_SHAPES)], np.float32)
+        )
+        for i in range(args.small_leaves)
     }
 
 
@@ -164,6 +168,11 @@ def make_eqopt(case, total_steps):
 # ---------------------------------------------------------------------------
 
 
+def copy_arrays(tree):
+    """A copy in fresh device buffers (through NumPy, so nothing is compiled)."""
+    return jax.tree.map(lambda x: jnp.asarray(np.array(x)), tree)
+
+
 class Runner:
     """Everything one library needs for one (case, tree): a step factory and its arguments."""
 
@@ -200,7 +209,7 @@ class Runner:
 
             self.prefix = (opt_arrays,)
         self.factory = factory
-        self.params = jax.tree.map(jnp.copy, params)  # its own buffers: they are donated
+        self.params = copy_arrays(params)  # its own buffers: they are donated
         self.grads = grads
         self.step = factory()
 
@@ -216,11 +225,15 @@ class Runner:
         gc.collect()
         jitted = self.factory()
         args = self.args()
-        wall0, cpu0 = time.perf_counter(), time.process_time()
-        lowered = jitted.lower(*args)
-        wall1, cpu1 = time.perf_counter(), time.process_time()
-        lowered.compile()
-        wall2, cpu2 = time.perf_counter(), time.process_time()
+        gc.disable()
+        try:
+            wall0, cpu0 = time.perf_counter(), time.process_time()
+            lowered = jitted.lower(*args)
+            wall1, cpu1 = time.perf_counter(), time.process_time()
+            lowered.compile()
+            wall2, cpu2 = time.perf_counter(), time.process_time()
+        finally:
+            gc.enable()
         return (wall1 - wall0, cpu1 - cpu0), (wall2 - wall1, cpu2 - cpu1)
 
     def run(self, n):
@@ -254,17 +267,19 @@ def orders(rep):
     return LIBRARIES if rep % 2 == 0 else LIBRARIES[::-1]
 
 
-def bench_one(case, tree_name, args, log):
-    key = jax.random.key(args.seed)
-    model = TREE_MAKERS[tree_name](args, key)
+def make_grads(model, seed):
+    """Fixed gradients: `None` at non-array leaves, as `eqx.filter_grad` gives them."""
+    rng = np.random.default_rng(seed + 1)
+    return jax.tree.map(
+        lambda p: jnp.asarray((rng.standard_normal(p.shape) * 1e-2).astype(p.dtype)),
+        eqx.filter(model, eqx.is_array),
+    )
+
+
+def bench_one(case, tree_name, model, grads, args, log):
     params = eqx.filter(model, eqx.is_array)
     leaves = jax.tree.leaves(params)
     n_params = sum(x.size for x in leaves)
-    rng = np.random.default_rng(args.seed)
-    # Fixed gradients, None at non-array leaves as eqx.filter_grad gives them.
-    grads = jax.tree.map(
-        lambda p: jnp.asarray(rng.normal(size=p.shape) * 1e-2, p.dtype), params
-    )
     total_steps = 10_000
     runners = {lib: Runner(lib, case, model, grads, total_steps) for lib in LIBRARIES}
 
@@ -275,9 +290,26 @@ def bench_one(case, tree_name, args, log):
     if difference > 1e-4:
         log(f"  WARNING: eqopt and Optax params differ after one step (max rel diff {difference:.2e})")
 
-    # Compile time: fresh closures, caches cleared, libraries alternating.
     samples = {lib: {m: {"wall": [], "cpu": []} for m in ("trace", "xla", "compile", "step")}
                for lib in LIBRARIES}
+
+    # Step time: warm up, calibrate the steps per repetition, libraries alternating.
+    for runner in runners.values():
+        runner.run(args.warmup)
+    one = statistics.median(runners["optax"].run(1)[0] for _ in range(3))
+    inner = max(1, math.ceil(args.rep_seconds / max(one, 1e-9)))
+    gc.collect()
+    gc.disable()  # no collection pauses inside a timed repetition
+    try:
+        for rep in range(args.step_reps):
+            for lib in orders(rep):
+                wall, cpu = runners[lib].run(inner)
+                samples[lib]["step"]["wall"].append(wall)
+                samples[lib]["step"]["cpu"].append(cpu)
+    finally:
+        gc.enable()
+
+    # Compile time: fresh closures, caches cleared, libraries alternating.
     compile_reps = args.compile_reps if tree_name != "small" else args.small_compile_reps
     for rep in range(compile_reps):
         for lib in orders(rep):
@@ -286,19 +318,6 @@ def bench_one(case, tree_name, args, log):
                 samples[lib]["trace"][clock].append(trace[i])
                 samples[lib]["xla"][clock].append(xla[i])
                 samples[lib]["compile"][clock].append(trace[i] + xla[i])
-
-    # Step time: recompile once (caches were cleared), warm up, calibrate.
-    for runner in runners.values():
-        runner.step = runner.factory()
-        runner.run(args.warmup)
-    one = statistics.median(runners["optax"].run(1)[0] for _ in range(3))
-    inner = max(1, math.ceil(args.rep_seconds / max(one, 1e-9)))
-    for rep in range(args.step_reps):
-        for lib in orders(rep):
-            gc.collect()
-            wall, cpu = runners[lib].run(inner)
-            samples[lib]["step"]["wall"].append(wall)
-            samples[lib]["step"]["cpu"].append(cpu)
 
     result = {
         "case": case,
@@ -320,7 +339,7 @@ def bench_one(case, tree_name, args, log):
             for c in ("wall", "cpu")}
         for m in ("trace", "xla", "compile", "step")
     }
-    del runners, model, params, grads
+    del runners, params
     jax.clear_caches()
     gc.collect()
     return result
@@ -412,10 +431,10 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.quick:
         args.mlp_in, args.mlp_width, args.mlp_depth = 256, 256, 2
-        args.tf_width, args.tf_blocks, args.tf_vocab, args.tf_context = 128, 2, 1000, 64
-        args.small_leaves = 200
-        args.compile_reps, args.small_compile_reps, args.step_reps = 2, 1, 7
-        args.rep_seconds, args.warmup = 0.02, 2
+        args.tf_width, args.tf_blocks, args.tf_vocab, args.tf_context = 128, 1, 1000, 64
+        args.small_leaves = 100
+        args.compile_reps, args.small_compile_reps, args.step_reps = 1, 1, 7
+        args.rep_seconds, args.warmup = 0.01, 2
     args.cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     args.trees = [t.strip() for t in args.trees.split(",") if t.strip()]
     for c in args.cases:
@@ -442,9 +461,12 @@ def main(argv=None):
     results = []
     start = time.perf_counter()
     for tree_name in args.trees:
+        model = TREE_MAKERS[tree_name](args, jax.random.key(args.seed))
+        grads = make_grads(model, args.seed)
         for case in args.cases:
             log(f"[{time.perf_counter() - start:6.1f}s] {case} on {tree_name}...")
-            results.append(bench_one(case, tree_name, args, log))
+            results.append(bench_one(case, tree_name, model, grads, args, log))
+        del model, grads
     print(table(results))
     print(
         "ratio = eqopt / Optax of the medians (< 1: eqopt faster), in wall-clock time and, under\n"

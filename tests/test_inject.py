@@ -461,6 +461,7 @@ def test_vmap_over_initial_value():
     )
 
 
+@pytest.mark.filterwarnings("ignore:inject_stateful_hyperparams is deprecated")
 def test_wrapped_schedule_matches_optax():
     """`WrappedSchedule` is Optax's: a plain schedule made stateful, counting its own steps."""
     import optax
