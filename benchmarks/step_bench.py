@@ -328,7 +328,7 @@ def bench_one(case, tree_name, model, grads, args, log):
         "steps_per_rep": inner,
         "samples_s": samples,
         "median_ms": {
-            lib: {m: {c: 1e3 * statistics.median(v) for c, v in by_clock.items()}
+            lib: {m: {c: 1e3 * statistics.median(v) if v else math.nan for c, v in by_clock.items()}
                   for m, by_clock in samples[lib].items()}
             for lib in LIBRARIES
         },
@@ -351,6 +351,8 @@ def bench_one(case, tree_name, model, grads, args, log):
 
 
 def fmt_ms(x):
+    if math.isnan(x):
+        return "-"
     if x >= 100:
         return f"{x:.0f}"
     if x >= 10:
@@ -358,6 +360,10 @@ def fmt_ms(x):
     if x >= 1:
         return f"{x:.2f}"
     return f"{x:.3f}"
+
+
+def fmt_ratio(x):
+    return "-" if math.isnan(x) else f"{x:.2f}"
 
 
 def fmt_count(n):
@@ -379,9 +385,9 @@ def table(results):
         ratio, ms = r["ratio"], r["median_ms"]
         rows.append((
             r["case"], r["tree"], str(r["leaves"]), fmt_count(r["params"]),
-            f"{ratio['compile']['wall']:.2f}", f"{ratio['compile']['cpu']:.2f}",
-            f"{ratio['trace']['wall']:.2f}", f"{ratio['trace']['cpu']:.2f}",
-            f"{ratio['step']['wall']:.2f}", f"{ratio['step']['cpu']:.2f}",
+            fmt_ratio(ratio["compile"]["wall"]), fmt_ratio(ratio["compile"]["cpu"]),
+            fmt_ratio(ratio["trace"]["wall"]), fmt_ratio(ratio["trace"]["cpu"]),
+            fmt_ratio(ratio["step"]["wall"]), fmt_ratio(ratio["step"]["cpu"]),
             f"{fmt_ms(ms['eqopt']['compile']['wall'])} / {fmt_ms(ms['optax']['compile']['wall'])}",
             f"{fmt_ms(ms['eqopt']['step']['wall'])} / {fmt_ms(ms['optax']['step']['wall'])}",
         ))
@@ -410,11 +416,13 @@ def parse_args(argv=None):
                         help="small trees and few repetitions: a sub-minute smoke run")
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ", ".join(CASES))
     parser.add_argument("--trees", default=",".join(TREES), help="comma-separated subset of " + ", ".join(TREES))
-    parser.add_argument("--compile-reps", type=int, default=3, help="compile repetitions per library")
+    parser.add_argument("--compile-reps", type=int, default=3,
+                        help="compile repetitions per library (0: skip compile timing)")
     parser.add_argument("--small-compile-reps", type=int, default=1,
                         help="compile repetitions per library for the many-leaf tree (each takes"
                              " 15-60 s of XLA time on 2 cores)")
-    parser.add_argument("--step-reps", type=int, default=21, help="step-time repetitions per library")
+    parser.add_argument("--step-reps", type=int, default=21,
+                        help="step-time repetitions per library (0: skip step timing)")
     parser.add_argument("--rep-seconds", type=float, default=0.1,
                         help="target length of one step-time repetition (sets the steps per repetition)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
