@@ -84,7 +84,7 @@ with _jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
         power_iteration as power_iteration,
         scale_gradient as scale_gradient,
     )
-    from .tree import map_params as tree_map_params
+    from .tree import map_params as tree_map_params  # noqa: F401 (Optax's name)
     from .schedules import (
         AbstractSchedule as AbstractSchedule,
         as_schedule as as_schedule,

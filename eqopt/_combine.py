@@ -11,7 +11,6 @@ import numpy as np
 from ._base import (
     AbstractGradientTransformation,
     GradientTransformation,
-    OptState,
     Params,
     Updates,
     check_updates,
@@ -19,7 +18,6 @@ from ._base import (
     is_trainable,
 )
 from ._filters import (
-    FilterSpec,
     _is_spec_leaf,
     _path_str,
     keep_selected,

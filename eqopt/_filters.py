@@ -1,7 +1,7 @@
 """Filter specs: selecting leaves the way `eqx.filter` does (DESIGN §6)."""
 
 from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, no_type_check
 
 import jax
 import numpy as np
@@ -13,6 +13,7 @@ from ._base import is_none, is_trainable
 FilterSpec: TypeAlias = bool | Callable[[Any], Any] | PyTree[bool | Callable[[Any], Any] | None]
 
 
+@no_type_check
 def _is_spec_leaf(x: Any) -> bool:
     # Equinox modules are callable pytrees: they are prefix trees, not predicates.
     return x is None or isinstance(x, (bool, np.bool_)) or (
@@ -20,6 +21,7 @@ def _is_spec_leaf(x: Any) -> bool:
     )
 
 
+@no_type_check
 def _is_pytree_node(x: Any) -> bool:
     return jax.tree_util.treedef_is_leaf(jax.tree.structure(x)) is False
 

@@ -1,27 +1,39 @@
 """Numerically careful scalar and moment helpers shared by the transforms."""
 
+from typing import no_type_check
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Inexact, Int, PyTree, Shaped
+
+from ._base import Updates
 
 
 def _is_none(x) -> bool:
     return x is None
 
 
-def abs_squared(g: Inexact[Array, "..."]) -> Float[Array, "..."]:
+# The per-leaf helpers below run once per leaf at trace time; their inputs were
+# checked at the public `update`, so they skip the type-check wrapper (which
+# would otherwise dominate tracing a model of thousands of small leaves).
+
+
+@no_type_check
+def abs_squared(g):
     """$|g|^2 = g \\bar g$, real (in the real dtype of `g`) for complex `g`."""
     if jnp.iscomplexobj(g):
         return jnp.real(g) ** 2 + jnp.imag(g) ** 2
     return jnp.square(g)
 
 
-def debias(
-    moment: Inexact[Array, "..."], decay: Float[ArrayLike, ""], count: Int[ArrayLike, ""]
-) -> Inexact[Array, "..."]:
-    """One leaf of `bias_correction`: `moment / (1 - decay**count)`, in the moment's dtype."""
-    return moment / (1 - decay**count).astype(moment.dtype)
+@no_type_check
+def debias(moment, correction):
+    """One leaf of `bias_correction`: `moment / correction`, in the moment's dtype.
+
+    `correction` is $1 - \\beta^t$, computed once per step rather than per leaf.
+    """
+    return moment / correction.astype(moment.dtype)
 
 
 def safe_norm(
@@ -89,25 +101,26 @@ def safe_int32_increment(count: Int[Array, ""]) -> Int[Array, ""]:
 
 
 def bias_correction(
-    moment: PyTree[Inexact[Array, "..."] | None],
+    moment: Updates,
     decay: Float[ArrayLike, ""],
     count: Int[ArrayLike, ""],
-) -> PyTree[Inexact[Array, "..."] | None]:
+) -> Updates:
     r"""Divides an exponential moving average by $1 - \beta^t$ (Kingma & Ba, 2015).
 
     $$ \hat m_t = \frac{m_t}{1 - \beta^t} $$
 
     `None` leaves stay `None`; the result keeps each leaf's dtype.
     """
-    return jax.tree.map(lambda t: debias(t, jnp.asarray(decay), jnp.asarray(count)), moment)
+    correction = 1 - jnp.asarray(decay) ** jnp.asarray(count)
+    return jax.tree.map(lambda t: debias(t, correction), moment)
 
 
 def update_moment(
-    updates: PyTree[Inexact[Array, "..."] | None],
-    moments: PyTree[Inexact[Array, "..."] | None],
+    updates: Updates,
+    moments: Updates,
     decay: Float[ArrayLike, ""],
     order: int,
-) -> PyTree[Inexact[Array, "..."] | None]:
+) -> Updates:
     r"""An exponential moving average of the `order`-th power of the updates.
 
     $$ m_t = \beta\, m_{t-1} + (1 - \beta)\, g_t^{\,k} $$
@@ -123,11 +136,11 @@ def update_moment(
 
 
 def update_moment_per_elem_norm(
-    updates: PyTree[Inexact[Array, "..."] | None],
-    moments: PyTree[Inexact[Array, "..."] | None],
+    updates: Updates,
+    moments: Updates,
     decay: Float[ArrayLike, ""],
     order: int,
-) -> PyTree[Inexact[Array, "..."] | None]:
+) -> Updates:
     r"""An exponential moving average of $|g|^k$, real-valued for complex updates.
 
     $$ v_t = \beta\, v_{t-1} + (1 - \beta)\, |g_t|^{k} $$
@@ -152,11 +165,11 @@ def update_moment_per_elem_norm(
 
 
 def update_infinity_moment(
-    updates: PyTree[Inexact[Array, "..."] | None],
-    moments: PyTree[Inexact[Array, "..."] | None],
+    updates: Updates,
+    moments: Updates,
     decay: Float[ArrayLike, ""],
     eps: Float[ArrayLike, ""],
-) -> PyTree[Inexact[Array, "..."] | None]:
+) -> Updates:
     r"""The exponentially weighted infinity norm of AdaMax (Kingma & Ba, 2015, §7.1).
 
     $$ u_t = \max(\beta\, u_{t-1},\ |g_t| + \epsilon) $$

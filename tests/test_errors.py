@@ -132,3 +132,13 @@ def test_weight_decay_needs_params():
     opt = eqopt.add_decayed_weights(0.1)
     with pytest.raises(ValueError, match="needs `params`"):
         opt.update(params, opt.init(params))
+
+
+def test_integer_gradient_is_a_type_error():
+    """Updates are checked as a pytree of inexact arrays (with None) at every update."""
+    params = {"a": jnp.ones(2)}
+    opt = eqopt.scale_by_adam()
+    with pytest.raises(jaxtyping.TypeCheckError, match="updates"):
+        opt.update({"a": jnp.ones(2, jnp.int32)}, opt.init(params))
+    with pytest.raises(jaxtyping.TypeCheckError):
+        eqopt.ScaleByAdamState(count=jnp.zeros((), jnp.int32), mu={"a": jnp.ones(2, jnp.int32)}, nu=None)

@@ -1,10 +1,10 @@
 """Adaptive moment estimation: Adam, AMSGrad and AdaMax."""
 
-from typing import Any
+from typing import Any, no_type_check
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Inexact, Int, PyTree
+from jaxtyping import Array, Int
 
 from .._base import (
     AbstractGradientTransformation,
@@ -17,9 +17,10 @@ from .._base import (
 from .._hyper import check_hyperparameter, hyperparameter
 from .._numerics import abs_squared, debias, safe_int32_increment
 
-Moments = PyTree[Inexact[Array, "..."] | None]
+Moments = Updates
 
 
+@no_type_check
 def _cast(x, dtype):
     return x if dtype is None else x.astype(dtype)
 
@@ -112,18 +113,22 @@ class ScaleByAdam(AbstractGradientTransformation):
                **extra_args: Any) -> tuple[Updates, ScaleByAdamState]:
         b1, b2, eps, eps_root = self.b1, self.b2, self.eps, self.eps_root
         count = safe_int32_increment(state.count)
+        # Scalars computed once per step, not once per leaf.
+        one_minus_b1, one_minus_b2 = 1 - b1, 1 - b2
+        correction1, correction2 = 1 - b1**count, 1 - b2**count
+        if self.nesterov:
+            next_correction1 = 1 - b1 ** safe_int32_increment(count)
 
+        @no_type_check
         def step(g, mu, nu):
             mu_dtype, nu_dtype = mu.dtype, nu.dtype
-            mu = (1 - b1) * g + b1 * mu
-            nu = (1 - b2) * abs_squared(g) + b2 * nu
+            mu = one_minus_b1 * g + b1 * mu
+            nu = one_minus_b2 * abs_squared(g) + b2 * nu
             if self.nesterov:
-                mu_hat = b1 * debias(mu, b1, safe_int32_increment(count)) + debias(
-                    (1 - b1) * g, b1, count
-                )
+                mu_hat = b1 * debias(mu, next_correction1) + debias(one_minus_b1 * g, correction1)
             else:
-                mu_hat = debias(mu, b1, count)
-            nu_hat = debias(nu, b2, count)
+                mu_hat = debias(mu, correction1)
+            nu_hat = debias(nu, correction2)
             update = mu_hat / (jnp.sqrt(nu_hat + eps_root) + eps)
             return update, _cast(mu, self.mu_dtype or mu_dtype), _cast(nu, self.nu_dtype or nu_dtype)
 
@@ -201,12 +206,16 @@ class ScaleByAmsgrad(AbstractGradientTransformation):
         b1, b2, eps, eps_root = self.b1, self.b2, self.eps, self.eps_root
         count = safe_int32_increment(state.count)
 
+        one_minus_b1, one_minus_b2 = 1 - b1, 1 - b2
+        correction1, correction2 = 1 - b1**count, 1 - b2**count
+
+        @no_type_check
         def step(g, mu, nu, nu_max):
             mu_dtype = mu.dtype
-            mu = (1 - b1) * g + b1 * mu
-            nu = (1 - b2) * abs_squared(g) + b2 * nu
-            mu_hat = debias(mu, b1, count) if self.bias_correction_mu else mu
-            nu_hat = debias(nu, b2, count) if self.bias_correction_nu else nu
+            mu = one_minus_b1 * g + b1 * mu
+            nu = one_minus_b2 * abs_squared(g) + b2 * nu
+            mu_hat = debias(mu, correction1) if self.bias_correction_mu else mu
+            nu_hat = debias(nu, correction2) if self.bias_correction_nu else nu
             nu_max = jnp.maximum(nu_max, nu_hat)
             update = mu_hat / (jnp.sqrt(nu_max + eps_root) + eps)
             return update, _cast(mu, self.mu_dtype or mu_dtype), nu, nu_max
@@ -278,10 +287,13 @@ class ScaleByAdamax(AbstractGradientTransformation):
         b1, b2, eps = self.b1, self.b2, self.eps
         count = safe_int32_increment(state.count)
 
+        one_minus_b1, correction1 = 1 - b1, 1 - b1**count
+
+        @no_type_check
         def step(g, mu, nu):
-            mu = (1 - b1) * g + b1 * mu
+            mu = one_minus_b1 * g + b1 * mu
             nu = jnp.maximum(jnp.abs(g) + eps, b2 * nu)
-            return debias(mu, b1, count) / nu, mu, nu
+            return debias(mu, correction1) / nu, mu, nu
 
         updates, mu, nu = leafwise(step, updates, state.mu, state.nu, n_out=3)
         return updates, ScaleByAdamaxState(count=count, mu=mu, nu=nu)

@@ -1,7 +1,7 @@
 """Stateless building blocks and scaling: identity, set_to_zero, stateless, scale..."""
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, no_type_check
 
 import equinox as eqx
 import jax
@@ -141,6 +141,7 @@ def with_extra_args_support(tx: Any) -> AbstractGradientTransformation:
 # ---------------------------------------------------------------------------
 
 
+@no_type_check
 def _scale_leaf(g, factor):
     factor = jnp.asarray(factor)
     if factor.weak_type:

@@ -1,8 +1,7 @@
 """Clipping: by value and by global norm."""
 
-from typing import Any
+from typing import Any, no_type_check
 
-import equinox as eqx
 import jax.numpy as jnp
 
 from .._base import AbstractGradientTransformation, EmptyState, Params, Updates, leafwise
@@ -72,6 +71,7 @@ class ClipByGlobalNorm(AbstractGradientTransformation):
         within = norm < self.max_norm
         max_norm = self.max_norm
 
+        @no_type_check
         def rescale(g):
             return jnp.where(within, g, (g / norm.astype(g.dtype)) * max_norm)
 

@@ -1,6 +1,6 @@
 """Small corrections to the updates: gradient centralisation, zeroing NaNs, non-negativity."""
 
-from typing import Any
+from typing import Any, no_type_check
 
 import equinox as eqx
 import jax
@@ -20,6 +20,7 @@ from .._base import (
 )
 
 
+@no_type_check
 def _subtract_mean(g):
     if g.ndim <= 1:
         return g

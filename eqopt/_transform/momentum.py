@@ -1,10 +1,10 @@
 """Momentum and exponential moving averages."""
 
-from typing import Any
+from typing import Any, no_type_check
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Inexact, Int, PyTree
+from jaxtyping import Array, Int
 
 from .._base import AbstractGradientTransformation, Params, Updates, leafwise, zeros_like_trainable
 from .._hyper import check_hyperparameter, hyperparameter
@@ -14,7 +14,7 @@ from .._numerics import safe_int32_increment
 class TraceState(eqx.Module):
     """The state of [`eqopt.Trace`][]: the momentum buffer."""
 
-    trace: PyTree[Inexact[Array, "..."] | None]
+    trace: Updates
 
 
 class Trace(AbstractGradientTransformation):
@@ -49,6 +49,7 @@ class Trace(AbstractGradientTransformation):
                **extra_args: Any) -> tuple[Updates, TraceState]:
         decay = self.decay
 
+        @no_type_check
         def step(g, t):
             new_trace = g + decay * t
             update = g + decay * new_trace if self.nesterov else new_trace
@@ -67,7 +68,7 @@ class EmaState(eqx.Module):
     """The state of [`eqopt.Ema`][]: step count and the moving average."""
 
     count: Int[Array, ""]
-    ema: PyTree[Inexact[Array, "..."] | None]
+    ema: Updates
 
 
 class Ema(AbstractGradientTransformation):
@@ -102,9 +103,12 @@ class Ema(AbstractGradientTransformation):
         decay = self.decay
         count = safe_int32_increment(state.count)
 
+        one_minus_decay, correction = 1 - decay, 1 - decay**count
+
+        @no_type_check
         def step(g, e):
-            new = (1 - decay) * g + decay * e
-            update = new / (1 - decay**count).astype(new.dtype) if self.debias else new
+            new = one_minus_decay * g + decay * e
+            update = new / correction.astype(new.dtype) if self.debias else new
             return update, new.astype(e.dtype)
 
         updates, ema = leafwise(step, updates, state.ema, n_out=2)

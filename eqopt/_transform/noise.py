@@ -1,6 +1,6 @@
 """Annealed Gaussian gradient noise."""
 
-from typing import Any
+from typing import Any, no_type_check
 
 import equinox as eqx
 import jax
@@ -13,6 +13,7 @@ from .._hyper import check_hyperparameter, hyperparameter
 from .._numerics import safe_int32_increment
 
 
+@no_type_check
 def _key_data_and_impl(key: Any) -> tuple[Array, str | None]:
     """Splits a key into its raw `uint32` data and the name of its PRNG implementation.
 

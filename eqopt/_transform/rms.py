@@ -1,11 +1,11 @@
 """Scaling by root mean squares: RMSProp (plain and centred) and Adagrad."""
 
-from typing import Any
+from typing import Any, no_type_check
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Inexact, Int, PyTree
+from jaxtyping import Array, Int
 
 from .._base import (
     AbstractGradientTransformation,
@@ -18,15 +18,17 @@ from .._base import (
 from .._hyper import check_hyperparameter, hyperparameter
 from .._numerics import abs_squared, debias, safe_int32_increment
 
-Moments = PyTree[Inexact[Array, "..."] | None]
+Moments = Updates
 
 
+@no_type_check
 def _inverse_root(x, eps, eps_in_sqrt):
     if eps_in_sqrt:
         return jax.lax.rsqrt(x + eps)
     return 1 / (jnp.sqrt(x) + eps)
 
 
+@no_type_check
 def _check_decay(decay):
     check_hyperparameter("decay", decay, low=0.0, high=1.0, high_inclusive=True)
 
@@ -93,9 +95,12 @@ class ScaleByRms(AbstractGradientTransformation):
         decay, eps = self.decay, self.eps
         count = safe_int32_increment(state.count)
 
+        one_minus_decay, correction = 1 - decay, 1 - decay**count
+
+        @no_type_check
         def step(g, nu):
-            new_nu = (1 - decay) * abs_squared(g) + decay * nu
-            nu_hat = debias(new_nu, decay, count) if self.bias_correction else new_nu
+            new_nu = one_minus_decay * abs_squared(g) + decay * nu
+            nu_hat = debias(new_nu, correction) if self.bias_correction else new_nu
             return _inverse_root(nu_hat, eps, self.eps_in_sqrt) * g, new_nu.astype(nu.dtype)
 
         updates, nu = leafwise(step, updates, state.nu, n_out=2)
@@ -175,11 +180,14 @@ class ScaleByStddev(AbstractGradientTransformation):
         decay, eps = self.decay, self.eps
         count = safe_int32_increment(state.count)
 
+        one_minus_decay, correction = 1 - decay, 1 - decay**count
+
+        @no_type_check
         def step(g, mu, nu):
-            new_mu = (1 - decay) * g + decay * mu
-            new_nu = (1 - decay) * abs_squared(g) + decay * nu
+            new_mu = one_minus_decay * g + decay * mu
+            new_nu = one_minus_decay * abs_squared(g) + decay * nu
             if self.bias_correction:
-                mu_hat, nu_hat = debias(new_mu, decay, count), debias(new_nu, decay, count)
+                mu_hat, nu_hat = debias(new_mu, correction), debias(new_nu, correction)
             else:
                 mu_hat, nu_hat = new_mu, new_nu
             variance = nu_hat - abs_squared(mu_hat)
@@ -247,6 +255,7 @@ class ScaleByRss(AbstractGradientTransformation):
                **extra_args: Any) -> tuple[Updates, ScaleByRssState]:
         eps = self.eps
 
+        @no_type_check
         def step(g, total):
             new_total = abs_squared(g) + total
             scaling = jnp.where(new_total > 0, jax.lax.rsqrt(new_total + eps), 0.0)

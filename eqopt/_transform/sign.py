@@ -1,10 +1,10 @@
 """Sign-based scalings: signSGD's sign and Lion."""
 
-from typing import Any, Literal
+from typing import Any, Literal, no_type_check
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Inexact, Int, PyTree
+from jaxtyping import Array, Int
 
 from .._base import (
     AbstractGradientTransformation,
@@ -48,9 +48,10 @@ class ScaleByLionState(eqx.Module):
     """The state of [`eqopt.ScaleByLion`][]: the step count and the momentum $m$."""
 
     count: Int[Array, ""]
-    mu: PyTree[Inexact[Array, "..."] | None]
+    mu: Updates
 
 
+@no_type_check
 def _smooth_sign(x, beta):
     if not jnp.iscomplexobj(x):
         return jnp.tanh(beta * x)
@@ -129,10 +130,12 @@ class ScaleByLion(AbstractGradientTransformation):
                params: Params | None = None,
                **extra_args: Any) -> tuple[Updates, ScaleByLionState]:
         b1, b2 = self.b1, self.b2
+        one_minus_b1, one_minus_b2 = 1 - b1, 1 - b2
 
+        @no_type_check
         def step(g, mu):
-            update = self._sign((1 - b1) * g + b1 * mu).astype(g.dtype)
-            new_mu = (1 - b2) * g + b2 * mu
+            update = self._sign(one_minus_b1 * g + b1 * mu).astype(g.dtype)
+            new_mu = one_minus_b2 * g + b2 * mu
             return update, new_mu.astype(mu.dtype)
 
         updates, mu = leafwise(step, updates, state.mu, n_out=2)
