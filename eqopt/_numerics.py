@@ -1,6 +1,6 @@
 """Numerically careful scalar and moment helpers shared by the transforms."""
 
-from typing import no_type_check
+from typing import Any, no_type_check
 
 import equinox as eqx
 import jax
@@ -146,15 +146,16 @@ def update_moment_per_elem_norm(
     $$ v_t = \beta\, v_{t-1} + (1 - \beta)\, |g_t|^{k} $$
 
     For complex $g$ the squared modulus is $g \bar g$ (Kingma & Ba, 2015, applied
-    to the real and imaginary parts jointly). `None` updates leave their moment
-    unchanged.
+    to the real and imaginary parts jointly). For real $g$ the power is taken
+    directly, $g^k$, as Optax does: the same as $|g|^k$ for even $k$ (Adam's
+    $k = 2$), signed for odd $k$. `None` updates leave their moment unchanged.
     """
 
     def order_th_norm(g):
+        if not jnp.iscomplexobj(g):
+            return g**order
         squared = abs_squared(g)
-        if order == 2:
-            return squared
-        return jnp.power(squared, order / 2)
+        return squared if order == 2 else jnp.power(squared, order / 2)
 
     return jax.tree.map(
         lambda g, t: t if g is None else (1 - decay) * order_th_norm(g) + decay * t,
@@ -182,7 +183,7 @@ def update_infinity_moment(
     )
 
 
-def global_norm(updates: PyTree[ArrayLike | None]) -> Float[Array, ""]:
+def global_norm(updates: PyTree[Any]) -> Float[Array, ""]:
     r"""The L2 norm of all the array leaves of a pytree taken together.
 
     $$ \|g\| = \sqrt{\textstyle\sum_{\ell} \sum_i |g_{\ell,i}|^2} $$
