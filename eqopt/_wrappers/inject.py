@@ -370,6 +370,39 @@ def _check_builds(transform: Any) -> None:
 # ---------------------------------------------------------------------------
 
 
+def _sorted_arguments(
+    inner_factory: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any] | None,
+    static_args: str | Iterable[str],
+    *,
+    allow_stateful: bool,
+) -> tuple[dict[str, Array], dict[str, Callable[..., Any]], dict[str, Any]]:
+    """Binds the factory's arguments and sorts them into hyperparameters, schedules and the rest."""
+    signature = _signature(inner_factory)
+    static_names = _static_names(static_args)
+    _check_static_names(inner_factory, signature, static_names)
+    arguments = _bind(inner_factory, signature, tuple(args), dict(kwargs or {}))
+    return _sort_arguments(
+        inner_factory, signature, arguments, static_names, allow_stateful=allow_stateful
+    )
+
+
+def _build_inner(transform: Any, values: Mapping[str, Any]) -> AbstractGradientTransformation:
+    """The inner transform built with the current hyperparameter values."""
+    return _call_factory(transform.inner_factory, {**transform.other_args, **values})
+
+
+def _unscheduled_values(transform: Any, hyperparams: Mapping[str, Any], dtype: Any) -> dict:
+    """The values in `state.hyperparams` that no schedule overrides, checked and cast."""
+    _check_state_names(transform, hyperparams)
+    return {
+        k: _state_value(k, v, dtype, "in `state.hyperparams`")
+        for k, v in hyperparams.items()
+        if k not in transform.schedules
+    }
+
+
 class InjectHyperparamsState(eqx.Module):
     """The state of [`eqopt.InjectHyperparams`][].
 
@@ -461,13 +494,9 @@ class InjectHyperparams(AbstractGradientTransformation):
         static_args: str | Iterable[str] = (),
         hyperparam_dtype: Any = None,
     ):
-        signature = _signature(inner_factory)
-        static_names = _static_names(static_args)
-        _check_static_names(inner_factory, signature, static_names)
-        arguments = _bind(inner_factory, signature, tuple(args), dict(kwargs or {}))
         self.inner_factory = inner_factory
-        self.hyperparams, self.schedules, self.other_args = _sort_arguments(
-            inner_factory, signature, arguments, static_names, allow_stateful=False
+        self.hyperparams, self.schedules, self.other_args = _sorted_arguments(
+            inner_factory, args, kwargs, static_args, allow_stateful=False
         )
         self.hyperparam_dtype = hyperparam_dtype
 
@@ -475,7 +504,7 @@ class InjectHyperparams(AbstractGradientTransformation):
         _check_builds(self)
 
     def _build(self, values: Mapping[str, Any]) -> AbstractGradientTransformation:
-        return _call_factory(self.inner_factory, {**self.other_args, **values})
+        return _build_inner(self, values)
 
     def _initial_values(self, dtype: Any) -> tuple[dict[str, Array], None]:
         count = jnp.zeros([], jnp.int32)
@@ -511,15 +540,10 @@ class InjectHyperparams(AbstractGradientTransformation):
         params: Params | None = None,
         **extra_args: Any,
     ) -> tuple[Updates, InjectHyperparamsState]:
-        _check_state_names(self, state.hyperparams)
         dtype = _hyperparam_dtype(
             self.hyperparam_dtype, updates if params is None else params
         )
-        values = {
-            k: _state_value(k, v, dtype, "in `state.hyperparams`")
-            for k, v in state.hyperparams.items()
-            if k not in self.schedules
-        }
+        values = _unscheduled_values(self, state.hyperparams, dtype)
         for name, schedule in self.schedules.items():
             values[name] = _state_value(
                 name, schedule(state.count), dtype, "value of its schedule"
@@ -595,13 +619,9 @@ class InjectStatefulHyperparams(AbstractGradientTransformation):
         static_args: str | Iterable[str] = (),
         hyperparam_dtype: Any = None,
     ):
-        signature = _signature(inner_factory)
-        static_names = _static_names(static_args)
-        _check_static_names(inner_factory, signature, static_names)
-        arguments = _bind(inner_factory, signature, tuple(args), dict(kwargs or {}))
         self.inner_factory = inner_factory
-        self.hyperparams, self.schedules, self.other_args = _sort_arguments(
-            inner_factory, signature, arguments, static_names, allow_stateful=True
+        self.hyperparams, self.schedules, self.other_args = _sorted_arguments(
+            inner_factory, args, kwargs, static_args, allow_stateful=True
         )
         self.hyperparam_dtype = hyperparam_dtype
 
@@ -609,7 +629,7 @@ class InjectStatefulHyperparams(AbstractGradientTransformation):
         _check_builds(self)
 
     def _build(self, values: Mapping[str, Any]) -> AbstractGradientTransformation:
-        return _call_factory(self.inner_factory, {**self.other_args, **values})
+        return _build_inner(self, values)
 
     def _initial_values(self, dtype: Any) -> tuple[dict[str, Array], dict[str, Any]]:
         values = {
@@ -648,15 +668,10 @@ class InjectStatefulHyperparams(AbstractGradientTransformation):
         params: Params | None = None,
         **extra_args: Any,
     ) -> tuple[Updates, InjectStatefulHyperparamsState]:
-        _check_state_names(self, state.hyperparams)
         dtype = _hyperparam_dtype(
             self.hyperparam_dtype, updates if params is None else params
         )
-        values = {
-            k: _state_value(k, v, dtype, "in `state.hyperparams`")
-            for k, v in state.hyperparams.items()
-            if k not in self.schedules
-        }
+        values = _unscheduled_values(self, state.hyperparams, dtype)
         schedule_states = {}
         for name, schedule in self.schedules.items():
             schedule = _as_stateful(schedule)
