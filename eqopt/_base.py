@@ -53,9 +53,15 @@ def is_trainable(x: Any) -> bool:
 
 
 @no_type_check
+def path_str(path: Any) -> str:
+    """`jax.tree_util.keystr`, with a name for the root."""
+    return jax.tree_util.keystr(tuple(path)) or "<root>"
+
+
+@no_type_check
 def _paths(tree: Any) -> list[str]:
     leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_none)[0]
-    return [jax.tree_util.keystr(path) or "<root>" for path, _ in leaves]
+    return [path_str(path) for path, _ in leaves]
 
 
 def _describe(x: Any) -> str:

@@ -16,10 +16,10 @@ from ._base import (
     check_updates,
     is_none,
     is_trainable,
+    path_str,
 )
 from ._filters import (
     _is_spec_leaf,
-    _path_str,
     keep_selected,
     resolve_filter,
 )
@@ -220,7 +220,7 @@ def _resolve_labels(param_labels: Any, params: Params, labels: list) -> Any:
             if len(groups) != 1:
                 where = "no group" if not groups else f"several groups {groups}"
                 raise ValueError(
-                    f"The parameter at {_path_str(path)} is in {where}; every trainable "
+                    f"The parameter at {path_str(path)} is in {where}; every trainable "
                     "leaf must belong to exactly one group."
                 )
             out.append(groups[0])
@@ -246,7 +246,7 @@ def _resolve_labels(param_labels: Any, params: Params, labels: list) -> Any:
             label = spec(leaf) if callable(spec) and not isinstance(spec, str) else spec
             if label not in labels:
                 raise ValueError(
-                    f"The parameter at {_path_str(prefix + path)} has label {label!r}, which "
+                    f"The parameter at {path_str(prefix + path)} has label {label!r}, which "
                     f"is in no group; the groups are {labels}."
                 )
             sub_out.append(label)

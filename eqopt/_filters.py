@@ -7,7 +7,7 @@ import jax
 import numpy as np
 from jaxtyping import PyTree
 
-from ._base import is_none, is_trainable
+from ._base import is_none, is_trainable, path_str
 
 #: A filter spec: a bool, a per-leaf predicate, or a prefix pytree of these.
 FilterSpec: TypeAlias = bool | Callable[[Any], Any] | PyTree[bool | Callable[[Any], Any] | None]
@@ -26,10 +26,6 @@ def _is_pytree_node(x: Any) -> bool:
     return jax.tree_util.treedef_is_leaf(jax.tree.structure(x)) is False
 
 
-def _path_str(path) -> str:
-    return jax.tree_util.keystr(path) or "<root>"
-
-
 def _to_bool(value: Any, path, what: str) -> bool:
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
@@ -41,7 +37,7 @@ def _to_bool(value: Any, path, what: str) -> bool:
         except Exception:  # noqa: BLE001 - fall through to the error below
             pass
     raise ValueError(
-        f"The {what} gave {type(value).__name__} at {_path_str(path)}; expected a bool. "
+        f"The {what} gave {type(value).__name__} at {path_str(path)}; expected a bool. "
         "A callable in a filter spec is a per-leaf predicate, applied to each leaf as "
         "`eqx.filter` does; it is never called on the whole pytree. To select with a "
         "function of the whole params, call it yourself and pass the resulting tree."

@@ -16,16 +16,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .._base import is_none as is_none, path_str as path_str
+
 KeyPath: TypeAlias = tuple[Any, ...]
 
-
-def is_none(x: Any) -> bool:
-    return x is None
-
-
-def path_str(path: KeyPath) -> str:
-    """`jax.tree_util.keystr`, with a name for the root."""
-    return jax.tree_util.keystr(tuple(path)) or "<root>"
 
 
 def describe(x: Any) -> str:
