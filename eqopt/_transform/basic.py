@@ -186,6 +186,22 @@ class ScaleByScheduleState(eqx.Module):
     count: Int[Array, ""]
 
 
+def init_count_if_scheduled(value: Any) -> OptState:
+    """The state of a hyperparameter that may be a schedule: a step count if it is one."""
+    if callable(value):
+        return ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+    return EmptyState()
+
+
+def current_value(value: Any, state: OptState) -> tuple[Any, OptState]:
+    """A number as it is, or a schedule evaluated at the state's count (then advanced)."""
+    if callable(value):
+        return jnp.asarray(value(state.count)), ScaleByScheduleState(
+            count=safe_int32_increment(state.count)
+        )
+    return value, state
+
+
 class ScaleBySchedule(AbstractGradientTransformation):
     r"""Multiplies the updates by a schedule evaluated at the step count.
 
@@ -240,21 +256,20 @@ class ScaleByLearningRate(AbstractGradientTransformation):
         check_hyperparameter("learning_rate", self.learning_rate)
 
     def init(self, params: Params) -> OptState:
-        if callable(self.learning_rate):
-            return ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
-        return EmptyState()
+        return init_count_if_scheduled(self.learning_rate)
 
     def update(self, updates: Updates, state: OptState, params: Params | None = None,
                **extra_args: Any) -> tuple[Updates, OptState]:
         if self.learning_rate is None:
             return updates, state
         sign = -1 if self.flip_sign else 1
+        learning_rate, new_state = current_value(self.learning_rate, state)
+        step_size = sign * learning_rate
         if callable(self.learning_rate):
-            step_size = sign * jnp.asarray(self.learning_rate(state.count))
             updates = leafwise(lambda g: jnp.asarray(step_size, dtype=g.dtype) * g, updates)
-            return updates, ScaleByScheduleState(count=safe_int32_increment(state.count))
-        step_size = sign * self.learning_rate
-        return leafwise(lambda g: _scale_leaf(g, step_size), updates), state
+        else:
+            updates = leafwise(lambda g: _scale_leaf(g, step_size), updates)
+        return updates, new_state
 
 
 def scale_by_learning_rate(

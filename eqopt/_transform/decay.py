@@ -3,13 +3,11 @@
 from typing import Any
 
 
-import jax.numpy as jnp
 
-from .._base import AbstractGradientTransformation, EmptyState, OptState, Params, Updates, leafwise
+from .._base import AbstractGradientTransformation, OptState, Params, Updates, leafwise
 from .._filters import FilterSpec, check_selects_something, select_trainable
 from .._hyper import ScalarOrSchedule, check_hyperparameter, hyperparameter
-from .._numerics import safe_int32_increment
-from .basic import ScaleByScheduleState
+from .basic import current_value, init_count_if_scheduled
 
 
 class AddDecayedWeights(AbstractGradientTransformation):
@@ -50,9 +48,7 @@ class AddDecayedWeights(AbstractGradientTransformation):
     def init(self, params: Params) -> OptState:
         if self.mask is not None:
             check_selects_something(select_trainable(self.mask, params), "weight-decay mask")
-        if callable(self.weight_decay):
-            return ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
-        return EmptyState()
+        return init_count_if_scheduled(self.weight_decay)
 
     def update(self, updates: Updates, state: OptState, params: Params | None = None,
                **extra_args: Any) -> tuple[Updates, OptState]:
@@ -60,11 +56,7 @@ class AddDecayedWeights(AbstractGradientTransformation):
             raise ValueError(
                 "add_decayed_weights needs `params`: call `update(updates, state, params)`."
             )
-        if callable(self.weight_decay):
-            weight_decay = jnp.asarray(self.weight_decay(state.count))
-            state = ScaleByScheduleState(count=safe_int32_increment(state.count))
-        else:
-            weight_decay = self.weight_decay
+        weight_decay, state = current_value(self.weight_decay, state)
         if self.mask is None:
             return leafwise(lambda g, p: g + weight_decay * p, updates, params), state
         mask = select_trainable(self.mask, params, what="weight-decay mask")
