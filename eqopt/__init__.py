@@ -8,6 +8,16 @@ import jaxtyping as _jaxtyping
 # Importing its modules under this hook checks them with beartype (at trace time
 # under jit). Setting JAXTYPING_DISABLE=1 turns the checks off.
 with _jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
+    from . import (
+        assignment as assignment,
+        losses as losses,
+        monte_carlo as monte_carlo,
+        perturbations as perturbations,
+        projections as projections,
+        schedules as schedules,
+        second_order as second_order,
+        tree as tree,
+    )
     from ._alias import (
         adagrad as adagrad,
         adam as adam,
@@ -48,74 +58,11 @@ with _jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
     )
     from ._filters import FilterSpec as FilterSpec
     from ._hyper import ScalarOrSchedule as ScalarOrSchedule
-    from . import schedules as schedules
-    from . import projections as projections, tree as tree
-    from . import losses as losses
-    from .losses import (
-        convex_kl_divergence as convex_kl_divergence,
-        cosine_distance as cosine_distance,
-        cosine_similarity as cosine_similarity,
-        ctc_loss as ctc_loss,
-        ctc_loss_with_forward_probs as ctc_loss_with_forward_probs,
-        generalized_kl_divergence as generalized_kl_divergence,
-        hinge_loss as hinge_loss,
-        huber_loss as huber_loss,
-        kl_divergence as kl_divergence,
-        l2_loss as l2_loss,
-        log_cosh as log_cosh,
-        ntxent as ntxent,
-        safe_softmax_cross_entropy as safe_softmax_cross_entropy,
-        sigmoid_binary_cross_entropy as sigmoid_binary_cross_entropy,
-        sigmoid_focal_loss as sigmoid_focal_loss,
-        smooth_labels as smooth_labels,
-        softmax_cross_entropy as softmax_cross_entropy,
-        softmax_cross_entropy_with_integer_labels as softmax_cross_entropy_with_integer_labels,
-        squared_error as squared_error,
-    )
-    from . import (
-        assignment as assignment,
-        monte_carlo as monte_carlo,
-        perturbations as perturbations,
-        second_order as second_order,
-    )
     from ._linalg import (
         matrix_inverse_pth_root as matrix_inverse_pth_root,
         nnls as nnls,
         power_iteration as power_iteration,
         scale_gradient as scale_gradient,
-    )
-    from .tree import map_params as tree_map_params  # noqa: F401 (Optax's name)
-    from .schedules import (
-        AbstractSchedule as AbstractSchedule,
-        as_schedule as as_schedule,
-        constant_schedule as constant_schedule,
-        ConstantSchedule as ConstantSchedule,
-        cosine_decay_schedule as cosine_decay_schedule,
-        cosine_onecycle_schedule as cosine_onecycle_schedule,
-        CosineDecaySchedule as CosineDecaySchedule,
-        CosineOnecycleSchedule as CosineOnecycleSchedule,
-        exponential_decay as exponential_decay,
-        ExponentialDecaySchedule as ExponentialDecaySchedule,
-        join_schedules as join_schedules,
-        JoinSchedules as JoinSchedules,
-        linear_onecycle_schedule as linear_onecycle_schedule,
-        linear_schedule as linear_schedule,
-        LinearOnecycleSchedule as LinearOnecycleSchedule,
-        LinearSchedule as LinearSchedule,
-        piecewise_constant_schedule as piecewise_constant_schedule,
-        piecewise_interpolate_schedule as piecewise_interpolate_schedule,
-        PiecewiseConstantSchedule as PiecewiseConstantSchedule,
-        PiecewiseInterpolateSchedule as PiecewiseInterpolateSchedule,
-        polynomial_schedule as polynomial_schedule,
-        PolynomialSchedule as PolynomialSchedule,
-        sgdr_schedule as sgdr_schedule,
-        warmup_constant_schedule as warmup_constant_schedule,
-        warmup_cosine_decay_schedule as warmup_cosine_decay_schedule,
-        warmup_exponential_decay_schedule as warmup_exponential_decay_schedule,
-        WarmupConstantSchedule as WarmupConstantSchedule,
-        WarmupCosineDecaySchedule as WarmupCosineDecaySchedule,
-        WarmupExponentialDecaySchedule as WarmupExponentialDecaySchedule,
-        FunctionSchedule as FunctionSchedule,
     )
     from ._numerics import (
         bias_correction as bias_correction,
@@ -209,6 +156,17 @@ with _jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
         scale_by_lion as scale_by_lion,
         scale_by_sign as scale_by_sign,
     )
+    from ._wrappers.inject import (
+        AbstractStatefulSchedule as AbstractStatefulSchedule,
+        InjectHyperparams as InjectHyperparams,
+        InjectHyperparamsState as InjectHyperparamsState,
+        InjectStatefulHyperparams as InjectStatefulHyperparams,
+        InjectStatefulHyperparamsState as InjectStatefulHyperparamsState,
+        ScheduleCountState as ScheduleCountState,
+        WrappedSchedule as WrappedSchedule,
+        inject_hyperparams as inject_hyperparams,
+        inject_stateful_hyperparams as inject_stateful_hyperparams,
+    )
     from ._wrappers.masked import (
         Masked as Masked,
         MaskedState as MaskedState,
@@ -217,17 +175,60 @@ with _jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
         masked as masked,
         selective_transform as selective_transform,
     )
-    from ._wrappers.inject import (
-        WrappedSchedule as WrappedSchedule,
-        AbstractStatefulSchedule as AbstractStatefulSchedule,
-        InjectHyperparams as InjectHyperparams,
-        InjectHyperparamsState as InjectHyperparamsState,
-        InjectStatefulHyperparams as InjectStatefulHyperparams,
-        InjectStatefulHyperparamsState as InjectStatefulHyperparamsState,
-        ScheduleCountState as ScheduleCountState,
-        inject_hyperparams as inject_hyperparams,
-        inject_stateful_hyperparams as inject_stateful_hyperparams,
+    from .losses import (
+        convex_kl_divergence as convex_kl_divergence,
+        cosine_distance as cosine_distance,
+        cosine_similarity as cosine_similarity,
+        ctc_loss as ctc_loss,
+        ctc_loss_with_forward_probs as ctc_loss_with_forward_probs,
+        generalized_kl_divergence as generalized_kl_divergence,
+        hinge_loss as hinge_loss,
+        huber_loss as huber_loss,
+        kl_divergence as kl_divergence,
+        l2_loss as l2_loss,
+        log_cosh as log_cosh,
+        ntxent as ntxent,
+        safe_softmax_cross_entropy as safe_softmax_cross_entropy,
+        sigmoid_binary_cross_entropy as sigmoid_binary_cross_entropy,
+        sigmoid_focal_loss as sigmoid_focal_loss,
+        smooth_labels as smooth_labels,
+        softmax_cross_entropy as softmax_cross_entropy,
+        softmax_cross_entropy_with_integer_labels as softmax_cross_entropy_with_integer_labels,
+        squared_error as squared_error,
     )
+    from .schedules import (
+        AbstractSchedule as AbstractSchedule,
+        ConstantSchedule as ConstantSchedule,
+        CosineDecaySchedule as CosineDecaySchedule,
+        CosineOnecycleSchedule as CosineOnecycleSchedule,
+        ExponentialDecaySchedule as ExponentialDecaySchedule,
+        FunctionSchedule as FunctionSchedule,
+        JoinSchedules as JoinSchedules,
+        LinearOnecycleSchedule as LinearOnecycleSchedule,
+        LinearSchedule as LinearSchedule,
+        PiecewiseConstantSchedule as PiecewiseConstantSchedule,
+        PiecewiseInterpolateSchedule as PiecewiseInterpolateSchedule,
+        PolynomialSchedule as PolynomialSchedule,
+        WarmupConstantSchedule as WarmupConstantSchedule,
+        WarmupCosineDecaySchedule as WarmupCosineDecaySchedule,
+        WarmupExponentialDecaySchedule as WarmupExponentialDecaySchedule,
+        as_schedule as as_schedule,
+        constant_schedule as constant_schedule,
+        cosine_decay_schedule as cosine_decay_schedule,
+        cosine_onecycle_schedule as cosine_onecycle_schedule,
+        exponential_decay as exponential_decay,
+        join_schedules as join_schedules,
+        linear_onecycle_schedule as linear_onecycle_schedule,
+        linear_schedule as linear_schedule,
+        piecewise_constant_schedule as piecewise_constant_schedule,
+        piecewise_interpolate_schedule as piecewise_interpolate_schedule,
+        polynomial_schedule as polynomial_schedule,
+        sgdr_schedule as sgdr_schedule,
+        warmup_constant_schedule as warmup_constant_schedule,
+        warmup_cosine_decay_schedule as warmup_cosine_decay_schedule,
+        warmup_exponential_decay_schedule as warmup_exponential_decay_schedule,
+    )
+    from .tree import map_params as tree_map_params  # noqa: F401 (Optax's name)
 
 try:
     __version__ = importlib.metadata.version("eqopt")

@@ -11,6 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import ArrayLike, PyTree
 
+from ._hyper import check_fields
+
 #: Parameters: any pytree, typically a whole Equinox model. Its inexact arrays are trainable.
 Params: TypeAlias = PyTree[Any]
 class _InexactTreeMeta(type):
@@ -193,12 +195,35 @@ class AbstractGradientTransformation(eqx.Module):
     be passed into `eqx.filter_jit`, changed with `eqx.tree_at` without
     recompiling, `vmap`ped over and differentiated.
 
-    Every subclass declares the class attribute `elementwise`: `True` when its
-    update gives the same result whether leaves are kept apart or concatenated
-    into one flat buffer (the property that lets a fused engine merge leaves).
+    Every subclass declares the property `elementwise`: `True` when its update
+    gives the same result whether leaves are kept apart or concatenated into
+    one flat buffer (the property that lets a fused engine merge leaves).
+
+    Transforms hash and compare by identity, so Optax's idioms
+    `jax.jit(tx.update)` and a transform as a static argument work; under
+    `eqx.filter_jit` their array leaves stay dynamic as for any Module.
     """
 
-    elementwise: eqx.AbstractClassVar[bool]
+    def __check_init__(self):
+        check_fields(self)
+
+    # Identity, not value: a Module holding arrays has no useful value hash, and
+    # `jax.jit(tx.update)` hashes the bound method, hence `tx`.
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    @property
+    @abc.abstractmethod
+    def elementwise(self) -> bool:
+        """Whether the update is the same on separate leaves and on their concatenation.
+
+        Transforms that reduce over a leaf (per-leaf norms, factored moments,
+        orthogonalisation) are not elementwise; reductions over the whole tree
+        (global-norm clipping) do not break the property.
+        """
 
     @abc.abstractmethod
     def init(self, params: Params) -> OptState:
@@ -272,7 +297,10 @@ class GradientTransformation(AbstractGradientTransformation):
     init_fn: Callable
     update_fn: Callable
     forwards_extra_args: bool = eqx.field(static=True)
-    elementwise = False
+
+    @property
+    def elementwise(self) -> bool:
+        return False
 
     def __init__(self, init_fn: Callable, update_fn: Callable):
         self.init_fn = init_fn
@@ -300,6 +328,19 @@ class GradientTransformation(AbstractGradientTransformation):
 
 #: Optax's name for a transformation whose update accepts extra arguments.
 GradientTransformationExtraArgs = GradientTransformation
+
+
+def as_transform(transform: Any) -> AbstractGradientTransformation:
+    """Accepts an eqopt transform, or wraps any object with `init` and `update`.
+
+    The latter lets an Optax `GradientTransformation` (a NamedTuple of two
+    functions) be chained with eqopt transforms.
+    """
+    if isinstance(transform, AbstractGradientTransformation):
+        return transform
+    if callable(getattr(transform, "init", None)) and callable(getattr(transform, "update", None)):
+        return GradientTransformation(transform.init, transform.update)
+    raise TypeError(f"Expected a gradient transformation, got {type(transform).__name__}.")
 
 
 # ---------------------------------------------------------------------------

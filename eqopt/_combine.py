@@ -10,9 +10,9 @@ import numpy as np
 
 from ._base import (
     AbstractGradientTransformation,
-    GradientTransformation,
     Params,
     Updates,
+    as_transform,
     check_updates,
     is_none,
     is_trainable,
@@ -23,21 +23,6 @@ from ._filters import (
     keep_selected,
     resolve_filter,
 )
-
-
-def as_transform(transform: Any) -> AbstractGradientTransformation:
-    """Accepts an eqopt transform, or wraps any object with `init` and `update`.
-
-    The latter lets an Optax `GradientTransformation` (a NamedTuple of two
-    functions) be chained with eqopt transforms.
-    """
-    if isinstance(transform, AbstractGradientTransformation):
-        return transform
-    if callable(getattr(transform, "init", None)) and callable(getattr(transform, "update", None)):
-        return GradientTransformation(transform.init, transform.update)
-    raise TypeError(
-        f"Expected a gradient transformation, got {type(transform).__name__}."
-    )
 
 
 def _snake_case(name: str) -> str:
@@ -141,7 +126,7 @@ class Chain(_NamedTuple, AbstractGradientTransformation):
         return self.transforms
 
     @property
-    def elementwise(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
+    def elementwise(self) -> bool:
         return all(t.elementwise for t in self.transforms)
 
     def init(self, params: Params) -> ChainState:
@@ -293,7 +278,7 @@ class Partition(AbstractGradientTransformation):
         self.param_labels = param_labels
 
     @property
-    def elementwise(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
+    def elementwise(self) -> bool:
         # Different leaves get different rules: flattening leaves together would mix groups.
         return False
 

@@ -1,5 +1,23 @@
-"""Hyperparameters as dynamic leaves (DESIGN §4)."""
+"""Hyperparameters: dynamic scalar leaves, schedules of the step count, and their checks.
 
+A numeric hyperparameter is a field of a transform or schedule declared as
+
+```python
+b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
+learning_rate: Float[Array, ""] | Schedule = eqx.field(converter=as_scalar_or_schedule)
+```
+
+The converter turns a Python or NumPy number into a weakly-typed JAX scalar (a
+dynamic leaf under `eqx.filter_jit` that does not promote `bfloat16`), and its
+argument annotation is what type checkers accept in the constructor, so
+`ScaleByAdam(b1=0.9)` is clean under pyright. (pyright reads a converter only
+when it is passed to `eqx.field` itself, which is why there is no wrapper
+factory.) `check_fields`, run by the base classes' `__check_init__`, then refuses
+anything a converter could not turn into what the annotation says, naming the
+hyperparameter.
+"""
+
+import dataclasses
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
@@ -7,69 +25,184 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Int, Real
 
+#: What a scalar hyperparameter field holds: a (usually weakly-typed) float scalar.
 Scalar: TypeAlias = Float[Array, ""]
-ScalarLike: TypeAlias = Float[ArrayLike, ""]
-#: A number, or a schedule / callable mapping the step count to a number.
-# `int` too: `sgd(1)` is valid Optax code (the value becomes a weakly-typed scalar).
-ScalarOrSchedule: TypeAlias = Float[ArrayLike, ""] | int | Callable[[Int[ArrayLike, ""]], Any]
+#: What a scalar hyperparameter accepts: a Python or NumPy number, or a 0-d array.
+ScalarLike: TypeAlias = float | int | Real[ArrayLike, ""]
+#: A schedule: any callable from the step count to a value (an
+#: [`eqopt.schedules.AbstractSchedule`][] or a plain function).
+Schedule: TypeAlias = Callable[..., Any]
+#: What a hyperparameter that may be scheduled accepts (Optax's `ScalarOrSchedule`).
+ScalarOrSchedule: TypeAlias = ScalarLike | Schedule
 
 
-def as_hyperparameter(value):
-    """Field converter: a Python or NumPy number becomes a weakly-typed JAX scalar.
-
-    Weak typing keeps `bfloat16` moments in `bfloat16` when multiplied by the
-    hyperparameter, exactly as a Python float would. Arrays, tracers, schedules
-    and other callables are stored unchanged.
-    """
-    if isinstance(value, bool):
-        raise TypeError("A numeric hyperparameter cannot be a bool.")
-    if isinstance(value, (int, float, complex, np.number)):
-        if isinstance(value, np.number):
-            value = value.item()
-        return jnp.asarray(value)  # Python scalars give weakly-typed arrays.
-    if isinstance(value, np.ndarray):
-        return jnp.asarray(value)
-    return value
-
-
-def is_concrete(x) -> bool:
+def is_concrete(x: Any) -> bool:
     """Whether `x` is a concrete (not traced) array, so Python checks apply."""
     return eqx.is_array(x) and not isinstance(x, jax.core.Tracer)
 
 
-def check_hyperparameter(name: str, value, *, low=None, high=None,
-                         low_inclusive=True, high_inclusive=False,
-                         finite=True) -> None:
-    """Raises a `ValueError` naming `name` if a concrete hyperparameter is out of range.
-
-    Traced values and schedules are not checked (they have no value yet).
-    """
-    if not is_concrete(value) or value.ndim != 0:
-        return
-    v = complex(value.item()) if jnp.iscomplexobj(value) else float(value.item())
-    if isinstance(v, complex):
-        return
-    if finite and not np.isfinite(v):
-        raise ValueError(f"Hyperparameter `{name}` must be finite, got {v}.")
-    if low is not None and (v < low or (v == low and not low_inclusive)):
-        bracket = "[" if low_inclusive else "("
-        raise ValueError(f"Hyperparameter `{name}` must be in {bracket}{low}, "
-                         f"{high if high is not None else 'inf'}), got {v}.")
-    if high is not None and (v > high or (v == high and not high_inclusive)):
-        bracket = "]" if high_inclusive else ")"
-        raise ValueError(f"Hyperparameter `{name}` must be in [{low if low is not None else '-inf'}, "
-                         f"{high}{bracket}, got {v}.")
-
-
-def evaluate(value, count):
-    """The value of a hyperparameter at step `count`: calls it if it is a schedule."""
-    if callable(value):
-        return jnp.asarray(value(count))
+def _to_scalar(value: Any) -> Any:
+    # Numbers become weakly-typed float scalars; integers become floats, so that
+    # `sgd(1)` and `sgd(1.0)` are the same optimiser. Anything else is returned
+    # as it is, for `check_fields` to refuse with the field's name.
+    if isinstance(value, (bool, np.bool_)):
+        return value
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return jnp.asarray(float(value))  # a Python float gives a weakly-typed array
+    if isinstance(value, np.ndarray) or eqx.is_array(value):
+        value = jnp.asarray(value)
+        if jnp.issubdtype(value.dtype, jnp.integer):
+            value = value.astype(jnp.result_type(float))
+        return value
     return value
 
 
-def hyperparameter(**kwargs):
-    """An `eqx.field` holding a numeric hyperparameter or a schedule."""
-    return eqx.field(converter=as_hyperparameter, **kwargs)
+def as_scalar(value: ScalarLike) -> Scalar:
+    """Field converter for a scalar hyperparameter (see the module docstring)."""
+    return _to_scalar(value)
+
+
+def as_optional_scalar(value: ScalarLike | None) -> Scalar | None:
+    """Field converter for a scalar hyperparameter that may be `None`."""
+    return _to_scalar(value)
+
+
+def as_scalar_or_schedule(value: ScalarOrSchedule) -> Scalar | Schedule:
+    """Field converter for a hyperparameter that may also be a schedule."""
+    return _to_scalar(value)
+
+
+def as_optional_scalar_or_schedule(
+    value: ScalarOrSchedule | None,
+) -> Scalar | Schedule | None:
+    """Field converter for a hyperparameter that may be a schedule or `None`."""
+    return _to_scalar(value)
+
+
+def as_int_scalar(value: int | Int[ArrayLike, ""]) -> Int[Array, ""]:
+    """Field converter for an integer hyperparameter that is a dynamic leaf."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return jnp.asarray(int(value))
+    if isinstance(value, np.ndarray):
+        return jnp.asarray(value)
+    return value  # pyright: ignore[reportReturnType]
+
+
+def as_number(value: Any) -> Any:
+    """A Python or NumPy number as a weakly-typed JAX scalar of its own kind.
+
+    Unlike `as_scalar`, integers stay integers: `inject_hyperparams` keeps an
+    integer hyperparameter (a number of steps, say) as it was given.
+    """
+    if isinstance(value, (np.number, np.bool_)):
+        value = value.item()
+    return jnp.asarray(value)
+
+
+# What each converter allows besides a real scalar array.
+_KINDS: dict[Any, tuple[str, bool, bool]] = {
+    as_scalar: ("a real number (a Python number or a 0-d array)", False, False),
+    as_optional_scalar: ("a real number (a Python number or a 0-d array) or None", False, True),
+    as_scalar_or_schedule: (
+        "a real number (a Python number or a 0-d array) or a schedule", True, False
+    ),
+    as_optional_scalar_or_schedule: (
+        "a real number (a Python number or a 0-d array), a schedule or None", True, True
+    ),
+    as_int_scalar: ("an integer (a Python int or a 0-d integer array)", False, False),
+}
+
+
+def _describe(value: Any) -> str:
+    if eqx.is_array(value) or isinstance(value, np.ndarray):
+        return f"an array of dtype {value.dtype} and shape {tuple(value.shape)}"
+    text = repr(value)
+    if len(text) > 40:
+        text = text[:37] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+def check_fields(module: eqx.Module) -> None:
+    """Checks every hyperparameter field of `module` against what it may hold.
+
+    A field is a hyperparameter when its converter is one of this module's. A
+    value of the wrong kind (a string, `None` where not allowed, an array that
+    is not 0-d, a complex or boolean number) raises one `TypeError`; a concrete
+    value that is not finite raises a `ValueError`. Both name the class and the
+    field. Traced values are checked for shape and dtype only.
+    """
+    for field in dataclasses.fields(module):
+        kind = _KINDS.get(field.metadata.get("converter"))
+        if kind is None:
+            continue
+        expected, schedule_allowed, none_allowed = kind
+        value = getattr(module, field.name, None)
+        if value is None and none_allowed:
+            continue
+        if schedule_allowed and callable(value) and not eqx.is_array(value):
+            continue
+        owner = type(module).__name__
+        integer = field.metadata.get("converter") is as_int_scalar
+        dtype_ok = eqx.is_array(value) and (
+            jnp.issubdtype(value.dtype, jnp.integer)
+            if integer
+            else jnp.issubdtype(value.dtype, jnp.floating)
+        )
+        if not dtype_ok or value.ndim != 0:
+            hint = ""
+            if eqx.is_array(value) and value.ndim > 0:
+                hint = " To sweep over several values, `jax.vmap` over the optimiser."
+            elif isinstance(value, str):
+                hint = " Pass a number, not a string."
+            raise TypeError(
+                f"{owner}: hyperparameter `{field.name}` must be {expected}, "
+                f"got {_describe(value)}.{hint}"
+            )
+        if is_concrete(value) and not bool(jnp.isfinite(value)):
+            raise ValueError(
+                f"{owner}: hyperparameter `{field.name}` must be finite, got {value.item()}."
+            )
+
+
+def check_hyperparameter(
+    name: str,
+    value: Any,
+    *,
+    low: float | int | None = None,
+    high: float | int | None = None,
+    low_inclusive: bool = True,
+    high_inclusive: bool = False,
+    finite: bool = True,
+) -> None:
+    """Raises a `ValueError` naming `name` if a concrete scalar is out of range.
+
+    Traced values and schedules are not checked (they have no value yet).
+    """
+    if not is_concrete(value) or value.ndim != 0 or jnp.iscomplexobj(value):
+        return
+    v = float(value.item())
+    if finite and not np.isfinite(v):
+        raise ValueError(f"Hyperparameter `{name}` must be finite, got {v}.")
+    low_text = "-inf" if low is None else f"{low}"
+    high_text = "inf" if high is None else f"{high}"
+    interval = (
+        ("[" if low_inclusive else "(") + f"{low_text}, {high_text}"
+        + ("]" if high_inclusive else ")")
+    )
+    if low is not None and (v < low or (v == low and not low_inclusive)):
+        raise ValueError(f"Hyperparameter `{name}` must be in {interval}, got {v}.")
+    if high is not None and (v > high or (v == high and not high_inclusive)):
+        raise ValueError(f"Hyperparameter `{name}` must be in {interval}, got {v}.")
+
+
+def check_decays(module: eqx.Module, *names: str, high_inclusive: bool = False) -> None:
+    """Checks that each named field, when concrete, is a decay rate in `[0, 1)`.
+
+    With `high_inclusive=True` the interval is `[0, 1]`.
+    """
+    for name in names:
+        check_hyperparameter(
+            name, getattr(module, name), low=0.0, high=1.0, high_inclusive=high_inclusive
+        )

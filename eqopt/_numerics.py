@@ -7,12 +7,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Inexact, Int, PyTree, Shaped
 
-from ._base import Updates
-
-
-def _is_none(x) -> bool:
-    return x is None
-
+from ._base import Updates, is_none
 
 # The per-leaf helpers below run once per leaf at trace time; their inputs were
 # checked at the public `update`, so they skip the type-check wrapper (which
@@ -131,7 +126,7 @@ def update_moment(
         lambda g, t: t if g is None else (1 - decay) * (g**order) + decay * t,
         updates,
         moments,
-        is_leaf=_is_none,
+        is_leaf=is_none,
     )
 
 
@@ -161,7 +156,7 @@ def update_moment_per_elem_norm(
         lambda g, t: t if g is None else (1 - decay) * order_th_norm(g) + decay * t,
         updates,
         moments,
-        is_leaf=_is_none,
+        is_leaf=is_none,
     )
 
 
@@ -179,7 +174,7 @@ def update_infinity_moment(
         lambda g, t: t if g is None else jnp.maximum(jnp.abs(g) + eps, decay * t),
         updates,
         moments,
-        is_leaf=_is_none,
+        is_leaf=is_none,
     )
 
 

@@ -12,8 +12,8 @@ from ._base import (
     Params,
     Updates,
     apply_updates,
+    as_transform,
 )
-from ._combine import as_transform
 from ._numerics import safe_int32_increment
 
 

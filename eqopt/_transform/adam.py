@@ -4,7 +4,7 @@ from typing import Any, no_type_check
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Int
+from jaxtyping import Array, Float, Int
 
 from .._base import (
     AbstractGradientTransformation,
@@ -14,7 +14,7 @@ from .._base import (
     leafwise,
     zeros_like_trainable,
 )
-from .._hyper import check_hyperparameter, hyperparameter
+from .._hyper import as_scalar, check_decays, check_hyperparameter
 from .._numerics import abs_squared, debias, safe_int32_increment
 
 Moments = Updates
@@ -31,11 +31,6 @@ def _second_moment_zeros(params, dtype):
     if dtype is None:
         return full_like_trainable_real(params, 0.0)
     return zeros_like_trainable(params, dtype)
-
-
-def _check_decays(module, *names):
-    for name in names:
-        check_hyperparameter(name, getattr(module, name), low=0.0, high=1.0)
 
 
 class ScaleByAdamState(eqx.Module):
@@ -87,17 +82,19 @@ class ScaleByAdam(AbstractGradientTransformation):
     workshop.
     """
 
-    b1: Any = hyperparameter(default=0.9)
-    b2: Any = hyperparameter(default=0.999)
-    eps: Any = hyperparameter(default=1e-8)
-    eps_root: Any = hyperparameter(default=0.0)
+    b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
+    b2: Float[Array, ""] = eqx.field(default=0.999, converter=as_scalar)
+    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
+    eps_root: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
     mu_dtype: Any = eqx.field(default=None, static=True)
     nu_dtype: Any = eqx.field(default=None, static=True)
     nesterov: bool = eqx.field(default=False, static=True)
-    elementwise = True
+    @property
+    def elementwise(self) -> bool:
+        return True
 
     def __check_init__(self):
-        _check_decays(self, "b1", "b2")
+        check_decays(self, "b1", "b2")
         check_hyperparameter("eps", self.eps, low=0.0)
         check_hyperparameter("eps_root", self.eps_root, low=0.0)
 
@@ -178,17 +175,19 @@ class ScaleByAmsgrad(AbstractGradientTransformation):
     ICLR 2018.
     """
 
-    b1: Any = hyperparameter(default=0.9)
-    b2: Any = hyperparameter(default=0.999)
-    eps: Any = hyperparameter(default=1e-8)
-    eps_root: Any = hyperparameter(default=0.0)
+    b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
+    b2: Float[Array, ""] = eqx.field(default=0.999, converter=as_scalar)
+    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
+    eps_root: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
     mu_dtype: Any = eqx.field(default=None, static=True)
     bias_correction_mu: bool = eqx.field(default=True, static=True)
     bias_correction_nu: bool = eqx.field(default=True, static=True)
-    elementwise = True
+    @property
+    def elementwise(self) -> bool:
+        return True
 
     def __check_init__(self):
-        _check_decays(self, "b1", "b2")
+        check_decays(self, "b1", "b2")
         check_hyperparameter("eps", self.eps, low=0.0)
         check_hyperparameter("eps_root", self.eps_root, low=0.0)
 
@@ -265,13 +264,15 @@ class ScaleByAdamax(AbstractGradientTransformation):
     ICLR 2015, §7.1.
     """
 
-    b1: Any = hyperparameter(default=0.9)
-    b2: Any = hyperparameter(default=0.999)
-    eps: Any = hyperparameter(default=1e-8)
-    elementwise = True
+    b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
+    b2: Float[Array, ""] = eqx.field(default=0.999, converter=as_scalar)
+    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
+    @property
+    def elementwise(self) -> bool:
+        return True
 
     def __check_init__(self):
-        _check_decays(self, "b1", "b2")
+        check_decays(self, "b1", "b2")
         check_hyperparameter("eps", self.eps, low=0.0)
 
     def init(self, params: Params) -> ScaleByAdamaxState:

@@ -6,7 +6,7 @@ from typing import Any, no_type_check
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Int
+from jaxtyping import Array, Float
 
 from .._base import (
     AbstractGradientTransformation,
@@ -14,17 +14,32 @@ from .._base import (
     OptState,
     Params,
     Updates,
+    as_transform,
     is_none,
     leafwise,
 )
-from .._hyper import ScalarOrSchedule, check_hyperparameter, hyperparameter
+from .._hyper import (
+    Scalar,
+    ScalarOrSchedule,
+    Schedule,
+    as_optional_scalar_or_schedule,
+    as_scalar,
+    check_hyperparameter,
+)
 from .._numerics import safe_int32_increment
+from ..schedules._base import (
+    ScaleByScheduleState,
+    current_value,
+    init_count_if_scheduled,
+)
 
 
 class Identity(AbstractGradientTransformation):
     """Returns the updates unchanged."""
 
-    elementwise = True
+    @property
+    def elementwise(self) -> bool:
+        return True
 
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
@@ -45,7 +60,9 @@ class SetToZero(AbstractGradientTransformation):
     Used to freeze parameters: see [`eqopt.freeze`][].
     """
 
-    elementwise = True
+    @property
+    def elementwise(self) -> bool:
+        return True
 
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
@@ -78,7 +95,9 @@ class Stateless(AbstractGradientTransformation):
     """
 
     f: Callable[[Updates, Params | None], Updates]
-    elementwise = False
+    @property
+    def elementwise(self) -> bool:
+        return False
 
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
@@ -105,7 +124,9 @@ class StatelessWithTreeMap(AbstractGradientTransformation):
     """
 
     f: Callable[[Array, Any], Array]
-    elementwise = False
+    @property
+    def elementwise(self) -> bool:
+        return False
 
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
@@ -131,8 +152,6 @@ def with_extra_args_support(tx: Any) -> AbstractGradientTransformation:
     [`eqopt.GradientTransformation`][], which drops extra arguments that its
     `update` function does not take.
     """
-    from .._combine import as_transform
-
     return as_transform(tx)
 
 
@@ -161,8 +180,10 @@ class Scale(AbstractGradientTransformation):
     - `step_size`: $\alpha$, a number (a dynamic leaf).
     """
 
-    step_size: Any = hyperparameter()
-    elementwise = True
+    step_size: Float[Array, ""] = eqx.field(converter=as_scalar)
+    @property
+    def elementwise(self) -> bool:
+        return True
 
     def __check_init__(self):
         check_hyperparameter("step_size", self.step_size)
@@ -180,28 +201,6 @@ def scale(step_size: Any) -> Scale:
     return Scale(step_size)
 
 
-class ScaleByScheduleState(eqx.Module):
-    """The step count of a scheduled transform."""
-
-    count: Int[Array, ""]
-
-
-def init_count_if_scheduled(value: Any) -> OptState:
-    """The state of a hyperparameter that may be a schedule: a step count if it is one."""
-    if callable(value):
-        return ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
-    return EmptyState()
-
-
-def current_value(value: Any, state: OptState) -> tuple[Any, OptState]:
-    """A number as it is, or a schedule evaluated at the state's count (then advanced)."""
-    if callable(value):
-        return jnp.asarray(value(state.count)), ScaleByScheduleState(
-            count=safe_int32_increment(state.count)
-        )
-    return value, state
-
-
 class ScaleBySchedule(AbstractGradientTransformation):
     r"""Multiplies the updates by a schedule evaluated at the step count.
 
@@ -213,7 +212,9 @@ class ScaleBySchedule(AbstractGradientTransformation):
     """
 
     step_size_fn: Callable
-    elementwise = True
+    @property
+    def elementwise(self) -> bool:
+        return True
 
     def init(self, params: Params) -> ScaleByScheduleState:
         return ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
@@ -248,9 +249,11 @@ class ScaleByLearningRate(AbstractGradientTransformation):
     - `flip_sign`: negate, so that adding the updates descends (default `True`).
     """
 
-    learning_rate: ScalarOrSchedule | None = hyperparameter(default=None)
+    learning_rate: Scalar | Schedule | None = eqx.field(default=None, converter=as_optional_scalar_or_schedule)
     flip_sign: bool = eqx.field(default=True, static=True)
-    elementwise = True
+    @property
+    def elementwise(self) -> bool:
+        return True
 
     def __check_init__(self):
         check_hyperparameter("learning_rate", self.learning_rate)

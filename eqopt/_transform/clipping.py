@@ -2,10 +2,18 @@
 
 from typing import Any, no_type_check
 
+import equinox as eqx
 import jax.numpy as jnp
+from jaxtyping import Array, Float
 
-from .._base import AbstractGradientTransformation, EmptyState, Params, Updates, leafwise
-from .._hyper import check_hyperparameter, hyperparameter
+from .._base import (
+    AbstractGradientTransformation,
+    EmptyState,
+    Params,
+    Updates,
+    leafwise,
+)
+from .._hyper import as_scalar, check_hyperparameter
 from .._numerics import global_norm
 
 
@@ -19,8 +27,10 @@ class Clip(AbstractGradientTransformation):
     - `max_delta`: $\delta \ge 0$.
     """
 
-    max_delta: Any = hyperparameter()
-    elementwise = True
+    max_delta: Float[Array, ""] = eqx.field(converter=as_scalar)
+    @property
+    def elementwise(self) -> bool:
+        return True
 
     def __check_init__(self):
         check_hyperparameter("max_delta", self.max_delta, low=0.0)
@@ -56,8 +66,10 @@ class ClipByGlobalNorm(AbstractGradientTransformation):
     recurrent neural networks*, ICML 2013.
     """
 
-    max_norm: Any = hyperparameter()
-    elementwise = True
+    max_norm: Float[Array, ""] = eqx.field(converter=as_scalar)
+    @property
+    def elementwise(self) -> bool:
+        return True
 
     def __check_init__(self):
         check_hyperparameter("max_norm", self.max_norm, low=0.0, low_inclusive=False)

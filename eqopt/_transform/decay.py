@@ -2,12 +2,18 @@
 
 from typing import Any
 
-
+import equinox as eqx
 
 from .._base import AbstractGradientTransformation, OptState, Params, Updates, leafwise
 from .._filters import FilterSpec, check_selects_something, select_trainable
-from .._hyper import ScalarOrSchedule, check_hyperparameter, hyperparameter
-from .basic import current_value, init_count_if_scheduled
+from .._hyper import (
+    Scalar,
+    ScalarOrSchedule,
+    Schedule,
+    as_scalar_or_schedule,
+    check_hyperparameter,
+)
+from ..schedules._base import current_value, init_count_if_scheduled
 
 
 class AddDecayedWeights(AbstractGradientTransformation):
@@ -34,14 +40,14 @@ class AddDecayedWeights(AbstractGradientTransformation):
     Regularization*, ICLR 2019.
     """
 
-    weight_decay: ScalarOrSchedule = hyperparameter(default=0.0)
+    weight_decay: Scalar | Schedule = eqx.field(default=0.0, converter=as_scalar_or_schedule)
     mask: FilterSpec | None = None
 
     def __check_init__(self):
         check_hyperparameter("weight_decay", self.weight_decay)
 
     @property
-    def elementwise(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
+    def elementwise(self) -> bool:
         # Without a mask every element is treated alike; a mask selects by leaf.
         return self.mask is None
 

@@ -44,7 +44,9 @@ class Centralize(AbstractGradientTransformation):
     Optimization Technique for Deep Neural Networks*, ECCV 2020.
     """
 
-    elementwise = False
+    @property
+    def elementwise(self) -> bool:
+        return False
 
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
@@ -81,7 +83,9 @@ class ZeroNans(AbstractGradientTransformation):
     Not elementwise: the update is, but `found_nan` reduces each leaf.
     """
 
-    elementwise = False
+    @property
+    def elementwise(self) -> bool:
+        return False
 
     def init(self, params: Params) -> ZeroNansState:
         return ZeroNansState(
@@ -127,7 +131,9 @@ class KeepParamsNonnegative(AbstractGradientTransformation):
     (Optax compares complex numbers instead).
     """
 
-    elementwise = True
+    @property
+    def elementwise(self) -> bool:
+        return True
 
     def init(self, params: Params) -> EmptyState:
         return EmptyState()

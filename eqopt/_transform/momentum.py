@@ -4,10 +4,16 @@ from typing import Any, no_type_check
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Int
+from jaxtyping import Array, Float, Int
 
-from .._base import AbstractGradientTransformation, Params, Updates, leafwise, zeros_like_trainable
-from .._hyper import check_hyperparameter, hyperparameter
+from .._base import (
+    AbstractGradientTransformation,
+    Params,
+    Updates,
+    leafwise,
+    zeros_like_trainable,
+)
+from .._hyper import as_scalar, check_hyperparameter
 from .._numerics import safe_int32_increment
 
 
@@ -34,10 +40,12 @@ class Trace(AbstractGradientTransformation):
     initialization and momentum in deep learning*, ICML 2013.
     """
 
-    decay: Any = hyperparameter()
+    decay: Float[Array, ""] = eqx.field(converter=as_scalar)
     nesterov: bool = eqx.field(default=False, static=True)
     accumulator_dtype: Any = eqx.field(default=None, static=True)
-    elementwise = True
+    @property
+    def elementwise(self) -> bool:
+        return True
 
     def __check_init__(self):
         check_hyperparameter("decay", self.decay)
@@ -84,10 +92,12 @@ class Ema(AbstractGradientTransformation):
     - `accumulator_dtype`: dtype to store the average in (default: the params').
     """
 
-    decay: Any = hyperparameter()
+    decay: Float[Array, ""] = eqx.field(converter=as_scalar)
     debias: bool = eqx.field(default=True, static=True)
     accumulator_dtype: Any = eqx.field(default=None, static=True)
-    elementwise = True
+    @property
+    def elementwise(self) -> bool:
+        return True
 
     def __check_init__(self):
         check_hyperparameter("decay", self.decay, low=0.0, high=1.0, high_inclusive=True)

@@ -6,10 +6,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Int, Key, UInt32
+from jaxtyping import Array, Float, Int, Key, UInt32
 
 from .._base import AbstractGradientTransformation, Params, Updates, is_none
-from .._hyper import check_hyperparameter, hyperparameter
+from .._hyper import as_scalar, check_hyperparameter
 from .._numerics import safe_int32_increment
 
 
@@ -75,11 +75,13 @@ class AddNoise(AbstractGradientTransformation):
     for Very Deep Networks*, arXiv:1511.06807, 2015.
     """
 
-    eta: Any = hyperparameter()
-    gamma: Any = hyperparameter()
+    eta: Float[Array, ""] = eqx.field(converter=as_scalar)
+    gamma: Float[Array, ""] = eqx.field(converter=as_scalar)
     key: UInt32[Array, " key_data"]
     key_impl: str | None = eqx.field(static=True)
-    elementwise = False
+    @property
+    def elementwise(self) -> bool:
+        return False
 
     def __init__(self, eta: Any, gamma: Any, key: Any = 0):
         self.eta = eta

@@ -5,7 +5,7 @@ from typing import Any, no_type_check
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Int
+from jaxtyping import Array, Float, Int
 
 from .._base import (
     AbstractGradientTransformation,
@@ -15,7 +15,7 @@ from .._base import (
     leafwise,
     zeros_like_trainable,
 )
-from .._hyper import check_hyperparameter, hyperparameter
+from .._hyper import as_scalar, check_decays, check_hyperparameter
 from .._numerics import abs_squared, debias, safe_int32_increment
 
 Moments = Updates
@@ -29,10 +29,6 @@ def _inverse_root(x, eps, eps_in_sqrt):
 
 
 @no_type_check
-def _check_decay(decay):
-    check_hyperparameter("decay", decay, low=0.0, high=1.0, high_inclusive=True)
-
-
 class ScaleByRmsState(eqx.Module):
     """The state of [`eqopt.ScaleByRms`][]: the step count and $v$, the mean square."""
 
@@ -71,15 +67,17 @@ class ScaleByRms(AbstractGradientTransformation):
     Networks for Machine Learning, 2012.
     """
 
-    decay: Any = hyperparameter(default=0.9)
-    eps: Any = hyperparameter(default=1e-8)
-    initial_scale: Any = hyperparameter(default=0.0)
+    decay: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
+    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
+    initial_scale: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
     eps_in_sqrt: bool = eqx.field(default=True, static=True)
     bias_correction: bool = eqx.field(default=False, static=True)
-    elementwise = True
+    @property
+    def elementwise(self) -> bool:
+        return True
 
     def __check_init__(self):
-        _check_decay(self.decay)
+        check_decays(self, "decay", high_inclusive=True)
         check_hyperparameter("eps", self.eps, low=0.0)
         check_hyperparameter("initial_scale", self.initial_scale, low=0.0)
 
@@ -155,15 +153,17 @@ class ScaleByStddev(AbstractGradientTransformation):
     RMSProp (2012).
     """
 
-    decay: Any = hyperparameter(default=0.9)
-    eps: Any = hyperparameter(default=1e-8)
-    initial_scale: Any = hyperparameter(default=0.0)
+    decay: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
+    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
+    initial_scale: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
     eps_in_sqrt: bool = eqx.field(default=True, static=True)
     bias_correction: bool = eqx.field(default=False, static=True)
-    elementwise = True
+    @property
+    def elementwise(self) -> bool:
+        return True
 
     def __check_init__(self):
-        _check_decay(self.decay)
+        check_decays(self, "decay", high_inclusive=True)
         check_hyperparameter("eps", self.eps, low=0.0)
         check_hyperparameter("initial_scale", self.initial_scale, low=0.0)
 
@@ -235,9 +235,11 @@ class ScaleByRss(AbstractGradientTransformation):
     Online Learning and Stochastic Optimization*, JMLR 12, 2011.
     """
 
-    initial_accumulator_value: Any = hyperparameter(default=0.1)
-    eps: Any = hyperparameter(default=1e-7)
-    elementwise = True
+    initial_accumulator_value: Float[Array, ""] = eqx.field(default=0.1, converter=as_scalar)
+    eps: Float[Array, ""] = eqx.field(default=1e-7, converter=as_scalar)
+    @property
+    def elementwise(self) -> bool:
+        return True
 
     def __check_init__(self):
         check_hyperparameter(

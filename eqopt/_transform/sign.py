@@ -4,7 +4,7 @@ from typing import Any, Literal, no_type_check
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Int
+from jaxtyping import Array, Float, Int
 
 from .._base import (
     AbstractGradientTransformation,
@@ -14,7 +14,7 @@ from .._base import (
     leafwise,
     zeros_like_trainable,
 )
-from .._hyper import check_hyperparameter, hyperparameter
+from .._hyper import as_scalar, check_hyperparameter
 from .._numerics import safe_int32_increment
 
 
@@ -29,7 +29,9 @@ class ScaleBySign(AbstractGradientTransformation):
     Compressed Optimisation for Non-Convex Problems*, ICML 2018.
     """
 
-    elementwise = True
+    @property
+    def elementwise(self) -> bool:
+        return True
 
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
@@ -98,12 +100,14 @@ class ScaleByLion(AbstractGradientTransformation):
     NeurIPS 2023.
     """
 
-    b1: Any = hyperparameter(default=0.9)
-    b2: Any = hyperparameter(default=0.99)
+    b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
+    b2: Float[Array, ""] = eqx.field(default=0.99, converter=as_scalar)
     mu_dtype: Any = eqx.field(default=None, static=True)
     mode: Literal["hard", "smooth", "refined"] = eqx.field(default="hard", static=True)
-    smooth_beta: Any = hyperparameter(default=1.0)
-    elementwise = True
+    smooth_beta: Float[Array, ""] = eqx.field(default=1.0, converter=as_scalar)
+    @property
+    def elementwise(self) -> bool:
+        return True
 
     def __check_init__(self):
         for name in ("b1", "b2"):

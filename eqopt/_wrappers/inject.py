@@ -18,9 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Int, PyTree
 
-from .._base import AbstractGradientTransformation, Params, Updates, is_trainable
-from .._combine import as_transform
-from .._hyper import as_hyperparameter
+from .._base import (
+    AbstractGradientTransformation,
+    Params,
+    Updates,
+    as_transform,
+    is_trainable,
+)
+from .._hyper import as_number
 from .._numerics import safe_int32_increment
 
 # ---------------------------------------------------------------------------
@@ -254,7 +259,7 @@ def _sort_arguments(factory, signature, arguments, static_names, *, allow_statef
         elif callable(value):
             schedules[name] = value
         elif _is_numeric(value):
-            hyperparams[name] = as_hyperparameter(value)
+            hyperparams[name] = as_number(value)
         else:
             default = (
                 parameters[name].default
@@ -519,7 +524,7 @@ class InjectHyperparams(AbstractGradientTransformation):
         return values, None
 
     @property
-    def elementwise(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
+    def elementwise(self) -> bool:
         values, _ = self._initial_values(_hyperparam_dtype(self.hyperparam_dtype, None))
         return bool(self._build(values).elementwise)
 
@@ -646,7 +651,7 @@ class InjectStatefulHyperparams(AbstractGradientTransformation):
         return values, schedule_states
 
     @property
-    def elementwise(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
+    def elementwise(self) -> bool:
         values, _ = self._initial_values(_hyperparam_dtype(self.hyperparam_dtype, None))
         return bool(self._build(values).elementwise)
 

@@ -5,8 +5,15 @@ from typing import Any
 import equinox as eqx
 import jax
 
-from .._base import AbstractGradientTransformation, EmptyState, OptState, Params, Updates, is_none
-from .._combine import as_transform
+from .._base import (
+    AbstractGradientTransformation,
+    EmptyState,
+    OptState,
+    Params,
+    Updates,
+    as_transform,
+    is_none,
+)
 from .._filters import (
     FilterSpec,
     check_selects_something,
@@ -54,7 +61,7 @@ class Masked(AbstractGradientTransformation):
         self.mask = mask
 
     @property
-    def elementwise(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
+    def elementwise(self) -> bool:
         # A selection by leaf is lost when leaves are concatenated.
         return self.mask is True and self.inner.elementwise
 
@@ -119,7 +126,7 @@ class SelectiveTransform(AbstractGradientTransformation):
         self.freeze_mask = freeze_mask
 
     @property
-    def elementwise(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
+    def elementwise(self) -> bool:
         return False
 
     def _trained(self, tree: Any) -> Masked:

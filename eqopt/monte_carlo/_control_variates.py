@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
-from .._hyper import as_hyperparameter
+from .._hyper import as_scalar
 from ..second_order import hessian_diag
 from ._estimators import DistBuilder, SampleFn
 
@@ -184,7 +184,7 @@ class MovingAvgBaseline(AbstractControlVariate):
     """
 
     function: SampleFn
-    decay: Float[Array, ""] = eqx.field(converter=as_hyperparameter)
+    decay: Float[Array, ""] = eqx.field(converter=as_scalar)
     zero_debias: bool = eqx.field(static=True)
     use_decay_early_training_heuristic: bool = eqx.field(static=True)
 

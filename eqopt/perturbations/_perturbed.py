@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
 
-from .._hyper import as_hyperparameter
+from .._hyper import as_scalar
 
 
 class AbstractNoiseDistribution(eqx.Module):
@@ -135,7 +135,7 @@ class PerturbedFunction(eqx.Module):
 
     fun: Callable[[Any], Any]
     num_samples: int = eqx.field(static=True)
-    sigma: Float[Array, ""] = eqx.field(converter=as_hyperparameter)
+    sigma: Float[Array, ""] = eqx.field(converter=as_scalar)
     noise: Any
     use_baseline: bool = eqx.field(static=True)
 

@@ -5,6 +5,15 @@ and under its Optax lowercase name, a function with Optax's arguments and
 defaults returning that class.
 """
 
+# Optax's `optax.schedules` also holds the injection wrappers.
+from .._wrappers.inject import (  # noqa: E402
+    AbstractStatefulSchedule as AbstractStatefulSchedule,
+    InjectHyperparamsState as InjectHyperparamsState,
+    InjectStatefulHyperparamsState as InjectStatefulHyperparamsState,
+    WrappedSchedule as WrappedSchedule,
+    inject_hyperparams as inject_hyperparams,
+    inject_stateful_hyperparams as inject_stateful_hyperparams,
+)
 from ._base import (
     AbstractSchedule as AbstractSchedule,
     ConstantSchedule as ConstantSchedule,
@@ -43,14 +52,4 @@ from ._piecewise import (
     linear_onecycle_schedule as linear_onecycle_schedule,
     piecewise_constant_schedule as piecewise_constant_schedule,
     piecewise_interpolate_schedule as piecewise_interpolate_schedule,
-)
-
-# Optax's `optax.schedules` also holds the injection wrappers.
-from .._wrappers.inject import (  # noqa: E402
-    AbstractStatefulSchedule as AbstractStatefulSchedule,
-    InjectHyperparamsState as InjectHyperparamsState,
-    InjectStatefulHyperparamsState as InjectStatefulHyperparamsState,
-    WrappedSchedule as WrappedSchedule,
-    inject_hyperparams as inject_hyperparams,
-    inject_stateful_hyperparams as inject_stateful_hyperparams,
 )

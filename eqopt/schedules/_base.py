@@ -1,4 +1,4 @@
-"""The schedule protocol, wrapping plain callables, and shared field helpers."""
+"""The schedule protocol, wrapping plain callables, hyperparameters that may be schedules."""
 
 import abc
 import operator
@@ -11,22 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int, Real
 
-from .._hyper import as_hyperparameter, check_hyperparameter, is_concrete
-
-
-def _as_float_hyperparameter(value: Real[ArrayLike, ""]):
-    # A schedule returns a float, so integer hyperparameters (`init_value=1`) are
-    # stored as floats; otherwise exactly `as_hyperparameter` (weakly typed scalars).
-    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
-        value = float(value)
-    value = as_hyperparameter(value)
-    if eqx.is_array(value) and jnp.issubdtype(value.dtype, jnp.integer):
-        value = value.astype(jnp.result_type(float))
-    return value
-
-
-def _as_optional_float_hyperparameter(value: Real[ArrayLike, ""] | None):
-    return None if value is None else _as_float_hyperparameter(value)
+from .._base import EmptyState
+from .._hyper import as_scalar, check_fields, is_concrete
+from .._numerics import safe_int32_increment
 
 
 def _as_static_int(value: int | Int[ArrayLike, ""]) -> int:
@@ -38,25 +25,9 @@ def _as_static_ints(values) -> tuple[int, ...]:
     return tuple(operator.index(value) for value in values)
 
 
-def hyperparameter(*, optional: bool = False, **kwargs):
-    """A numeric schedule field: a dynamic, weakly-typed floating-point scalar leaf.
-
-    With `optional=True` the field may also be `None`.
-    """
-    if optional:
-        return eqx.field(converter=_as_optional_float_hyperparameter, **kwargs)
-    return eqx.field(converter=_as_float_hyperparameter, **kwargs)
-
-
 def static_steps(**kwargs):
     """A static field holding a number of steps, a Python `int`."""
     return eqx.field(static=True, converter=_as_static_int, **kwargs)
-
-
-def check_finite(schedule: eqx.Module, *names: str) -> None:
-    """Raises a `ValueError` naming the first concrete non-finite field of `names`."""
-    for name in names:
-        check_hyperparameter(name, getattr(schedule, name))
 
 
 class _Number:
@@ -111,6 +82,16 @@ class AbstractSchedule(eqx.Module):
         ```
     """
 
+    def __check_init__(self):
+        check_fields(self)
+
+    # Identity, so that `jax.jit(schedule)` works (it hashes the callable).
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
     @abc.abstractmethod
     def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
         """Evaluates the schedule at step `count`.
@@ -146,10 +127,7 @@ class ConstantSchedule(AbstractSchedule):
     - `value`: the value $v$ returned at every step.
     """
 
-    value: Float[Array, ""] = hyperparameter()
-
-    def __check_init__(self):
-        check_finite(self, "value")
+    value: Float[Array, ""] = eqx.field(converter=as_scalar)
 
     def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
         del count
@@ -233,3 +211,31 @@ def as_schedule(value: Any) -> AbstractSchedule:
     if callable(value):
         return FunctionSchedule(value)
     return ConstantSchedule(value)
+
+
+# ---------------------------------------------------------------------------
+# Hyperparameters that may be schedules of the step count
+# ---------------------------------------------------------------------------
+
+
+class ScaleByScheduleState(eqx.Module):
+    """The step count of a scheduled transform ([`eqopt.ScaleBySchedule`][], or a
+    transform whose hyperparameter is a schedule)."""
+
+    count: Int[Array, ""]
+
+
+def init_count_if_scheduled(value: Any) -> ScaleByScheduleState | EmptyState:
+    """The state of a hyperparameter that may be a schedule: a step count if it is one."""
+    if callable(value):
+        return ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+    return EmptyState()
+
+
+def current_value(value: Any, state: Any) -> tuple[Any, Any]:
+    """A number as it is, or a schedule evaluated at the state's count (then advanced)."""
+    if callable(value):
+        return jnp.asarray(value(state.count)), ScaleByScheduleState(
+            count=safe_int32_increment(state.count)
+        )
+    return value, state

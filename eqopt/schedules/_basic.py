@@ -1,9 +1,11 @@
 """Polynomial and linear schedules, and linear warmup to a constant."""
 
+import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
-from ._base import AbstractSchedule, check_finite, hyperparameter, static_steps
+from .._hyper import as_scalar
+from ._base import AbstractSchedule, static_steps
 
 
 def _polynomial(
@@ -50,14 +52,11 @@ class PolynomialSchedule(AbstractSchedule):
         negative value is treated as `0`.
     """
 
-    init_value: Float[Array, ""] = hyperparameter()
-    end_value: Float[Array, ""] = hyperparameter()
-    power: Float[Array, ""] = hyperparameter()
+    init_value: Float[Array, ""] = eqx.field(converter=as_scalar)
+    end_value: Float[Array, ""] = eqx.field(converter=as_scalar)
+    power: Float[Array, ""] = eqx.field(converter=as_scalar)
     transition_steps: int = static_steps()
     transition_begin: int = static_steps(default=0)
-
-    def __check_init__(self):
-        check_finite(self, "init_value", "end_value", "power")
 
     def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
         return _polynomial(
@@ -117,13 +116,10 @@ class LinearSchedule(AbstractSchedule):
         negative value is treated as `0`.
     """
 
-    init_value: Float[Array, ""] = hyperparameter()
-    end_value: Float[Array, ""] = hyperparameter()
+    init_value: Float[Array, ""] = eqx.field(converter=as_scalar)
+    end_value: Float[Array, ""] = eqx.field(converter=as_scalar)
     transition_steps: int = static_steps()
     transition_begin: int = static_steps(default=0)
-
-    def __check_init__(self):
-        check_finite(self, "init_value", "end_value")
 
     def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
         return _linear(
@@ -181,12 +177,9 @@ class WarmupConstantSchedule(AbstractSchedule):
     2017, [arXiv:1706.02677](https://arxiv.org/abs/1706.02677) (gradual warmup).
     """
 
-    init_value: Float[Array, ""] = hyperparameter()
-    peak_value: Float[Array, ""] = hyperparameter()
+    init_value: Float[Array, ""] = eqx.field(converter=as_scalar)
+    peak_value: Float[Array, ""] = eqx.field(converter=as_scalar)
     warmup_steps: int = static_steps()
-
-    def __check_init__(self):
-        check_finite(self, "init_value", "peak_value")
 
     def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
         return _linear(self.init_value, self.peak_value, self.warmup_steps, 0, count)

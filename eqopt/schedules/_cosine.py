@@ -3,10 +3,12 @@
 from collections.abc import Iterable
 from typing import Any
 
+import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
-from ._base import AbstractSchedule, check_finite, hyperparameter, static_steps
+from .._hyper import as_scalar
+from ._base import AbstractSchedule, static_steps
 from ._basic import _linear
 from ._join import JoinSchedules
 
@@ -53,14 +55,13 @@ class CosineDecaySchedule(AbstractSchedule):
     ICLR 2017, [arXiv:1608.03983](https://arxiv.org/abs/1608.03983).
     """
 
-    init_value: Float[Array, ""] = hyperparameter()
+    init_value: Float[Array, ""] = eqx.field(converter=as_scalar)
     decay_steps: int = static_steps()
-    alpha: Float[Array, ""] = hyperparameter(default=0.0)
-    exponent: Float[Array, ""] = hyperparameter(default=1.0)
+    alpha: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
+    exponent: Float[Array, ""] = eqx.field(default=1.0, converter=as_scalar)
 
     def __check_init__(self):
         _check_positive_steps("decay_steps", self.decay_steps)
-        check_finite(self, "init_value", "alpha", "exponent")
 
     def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
         return _cosine_decay(
@@ -124,12 +125,12 @@ class WarmupCosineDecaySchedule(AbstractSchedule):
     1 Hour*, 2017, [arXiv:1706.02677](https://arxiv.org/abs/1706.02677) (warmup).
     """
 
-    init_value: Float[Array, ""] = hyperparameter()
-    peak_value: Float[Array, ""] = hyperparameter()
+    init_value: Float[Array, ""] = eqx.field(converter=as_scalar)
+    peak_value: Float[Array, ""] = eqx.field(converter=as_scalar)
     warmup_steps: int = static_steps()
     decay_steps: int = static_steps()
-    end_value: Float[Array, ""] = hyperparameter(default=0.0)
-    exponent: Float[Array, ""] = hyperparameter(default=1.0)
+    end_value: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
+    exponent: Float[Array, ""] = eqx.field(default=1.0, converter=as_scalar)
 
     def __check_init__(self):
         if not self.decay_steps - self.warmup_steps > 0:
@@ -138,7 +139,6 @@ class WarmupCosineDecaySchedule(AbstractSchedule):
                 f"`warmup_steps`, got decay_steps={self.decay_steps} and "
                 f"warmup_steps={self.warmup_steps}."
             )
-        check_finite(self, "init_value", "peak_value", "end_value", "exponent")
 
     def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
         peak = self.peak_value

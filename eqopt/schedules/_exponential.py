@@ -4,7 +4,8 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
-from ._base import AbstractSchedule, check_finite, hyperparameter, static_steps
+from .._hyper import as_optional_scalar, as_scalar
+from ._base import AbstractSchedule, static_steps
 from ._basic import _linear
 
 
@@ -73,17 +74,12 @@ class ExponentialDecaySchedule(AbstractSchedule):
         and an upper bound otherwise. No effect when $r = 0$.
     """
 
-    init_value: Float[Array, ""] = hyperparameter()
+    init_value: Float[Array, ""] = eqx.field(converter=as_scalar)
     transition_steps: int = static_steps()
-    decay_rate: Float[Array, ""] = hyperparameter()
+    decay_rate: Float[Array, ""] = eqx.field(converter=as_scalar)
     transition_begin: int = static_steps(default=0)
     staircase: bool = eqx.field(static=True, default=False)
-    end_value: Float[Array, ""] | None = hyperparameter(optional=True, default=None)
-
-    def __check_init__(self):
-        check_finite(self, "init_value", "decay_rate")
-        if self.end_value is not None:
-            check_finite(self, "end_value")
+    end_value: Float[Array, ""] | None = eqx.field(default=None, converter=as_optional_scalar)
 
     def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
         return _exponential_decay(
@@ -155,19 +151,14 @@ class WarmupExponentialDecaySchedule(AbstractSchedule):
     2017, [arXiv:1706.02677](https://arxiv.org/abs/1706.02677) (gradual warmup).
     """
 
-    init_value: Float[Array, ""] = hyperparameter()
-    peak_value: Float[Array, ""] = hyperparameter()
+    init_value: Float[Array, ""] = eqx.field(converter=as_scalar)
+    peak_value: Float[Array, ""] = eqx.field(converter=as_scalar)
     warmup_steps: int = static_steps()
     transition_steps: int = static_steps()
-    decay_rate: Float[Array, ""] = hyperparameter()
+    decay_rate: Float[Array, ""] = eqx.field(converter=as_scalar)
     transition_begin: int = static_steps(default=0)
     staircase: bool = eqx.field(static=True, default=False)
-    end_value: Float[Array, ""] | None = hyperparameter(optional=True, default=None)
-
-    def __check_init__(self):
-        check_finite(self, "init_value", "peak_value", "decay_rate")
-        if self.end_value is not None:
-            check_finite(self, "end_value")
+    end_value: Float[Array, ""] | None = eqx.field(default=None, converter=as_optional_scalar)
 
     def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
         warmup = _linear(self.init_value, self.peak_value, self.warmup_steps, 0, count)

@@ -6,19 +6,16 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
-from .._hyper import check_hyperparameter
+from .._hyper import as_scalar, check_hyperparameter
 from ._base import (
     AbstractSchedule,
-    _as_float_hyperparameter,
     _as_static_ints,
-    check_finite,
-    hyperparameter,
     static_steps,
 )
 
 
 def _as_scales(scales) -> tuple:
-    return tuple(_as_float_hyperparameter(scale) for scale in scales)
+    return tuple(as_scalar(scale) for scale in scales)
 
 
 def _split(boundaries_and_scales) -> tuple[tuple, tuple]:
@@ -65,14 +62,13 @@ class PiecewiseConstantSchedule(AbstractSchedule):
     `{step: scale}` dictionary.
     """
 
-    init_value: Float[Array, ""] = hyperparameter()
+    init_value: Float[Array, ""] = eqx.field(converter=as_scalar)
     boundaries: tuple[int, ...] = eqx.field(
         static=True, converter=_as_static_ints, default=()
     )
     scales: tuple[Float[Array, ""], ...] = eqx.field(converter=_as_scales, default=())
 
     def __check_init__(self):
-        check_finite(self, "init_value")
         _check_boundaries_and_scales(self)
 
     def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
@@ -163,7 +159,7 @@ class PiecewiseInterpolateSchedule(AbstractSchedule):
     """
 
     interpolate_type: str = eqx.field(static=True)
-    init_value: Float[Array, ""] = hyperparameter()
+    init_value: Float[Array, ""] = eqx.field(converter=as_scalar)
     boundaries: tuple[int, ...] = eqx.field(
         static=True, converter=_as_static_ints, default=()
     )
@@ -175,7 +171,6 @@ class PiecewiseInterpolateSchedule(AbstractSchedule):
                 "`interpolate_type` must be 'linear' or 'cosine', got "
                 f"{self.interpolate_type!r}."
             )
-        check_finite(self, "init_value")
         _check_boundaries_and_scales(self)
 
     def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
@@ -227,7 +222,6 @@ def _check_onecycle(schedule, *names: str) -> None:
         value = getattr(schedule, fraction, 0.0)
         if not math.isfinite(value):
             raise ValueError(f"`{fraction}` must be finite, got {value}.")
-    check_finite(schedule, "peak_value")
     for name in names:
         check_hyperparameter(name, getattr(schedule, name), low=0, low_inclusive=False)
 
@@ -264,10 +258,10 @@ class CosineOnecycleSchedule(AbstractSchedule):
     """
 
     transition_steps: int = static_steps()
-    peak_value: Float[Array, ""] = hyperparameter()
+    peak_value: Float[Array, ""] = eqx.field(converter=as_scalar)
     pct_start: float | int = eqx.field(static=True, default=0.3)
-    div_factor: Float[Array, ""] = hyperparameter(default=25.0)
-    final_div_factor: Float[Array, ""] = hyperparameter(default=1e4)
+    div_factor: Float[Array, ""] = eqx.field(default=25.0, converter=as_scalar)
+    final_div_factor: Float[Array, ""] = eqx.field(default=1e4, converter=as_scalar)
 
     def __check_init__(self):
         _check_onecycle(self, "div_factor", "final_div_factor")
@@ -343,11 +337,11 @@ class LinearOnecycleSchedule(AbstractSchedule):
     """
 
     transition_steps: int = static_steps()
-    peak_value: Float[Array, ""] = hyperparameter()
+    peak_value: Float[Array, ""] = eqx.field(converter=as_scalar)
     pct_start: float | int = eqx.field(static=True, default=0.3)
     pct_final: float | int = eqx.field(static=True, default=0.85)
-    div_factor: Float[Array, ""] = hyperparameter(default=25.0)
-    final_div_factor: Float[Array, ""] = hyperparameter(default=1e4)
+    div_factor: Float[Array, ""] = eqx.field(default=25.0, converter=as_scalar)
+    final_div_factor: Float[Array, ""] = eqx.field(default=1e4, converter=as_scalar)
 
     def __check_init__(self):
         _check_onecycle(self, "div_factor", "final_div_factor")
