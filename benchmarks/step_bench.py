@@ -78,10 +78,16 @@ def make_transformer(args, key):
         return jnp.asarray(rng.standard_normal(shape, np.float32) * scale)
 
     def dense(n_in, n_out):
-        return {"w": normal((n_in, n_out), 1 / math.sqrt(n_in)), "b": jnp.zeros((n_out,), jnp.float32)}
+        return {
+            "w": normal((n_in, n_out), 1 / math.sqrt(n_in)),
+            "b": jnp.zeros((n_out,), jnp.float32),
+        }
 
     def layer_norm():
-        return {"scale": jnp.ones((d,), jnp.float32), "bias": jnp.zeros((d,), jnp.float32)}
+        return {
+            "scale": jnp.ones((d,), jnp.float32),
+            "bias": jnp.zeros((d,), jnp.float32),
+        }
 
     blocks = [
         {
@@ -135,7 +141,11 @@ def make_optax(case, total_steps):
     if case == "adamw":
         return optax.adamw(LEARNING_RATE, weight_decay=WEIGHT_DECAY)
     schedule = optax.warmup_cosine_decay_schedule(
-        0.0, LEARNING_RATE, total_steps // 10, total_steps, end_value=LEARNING_RATE / 100
+        0.0,
+        LEARNING_RATE,
+        total_steps // 10,
+        total_steps,
+        end_value=LEARNING_RATE / 100,
     )
     return optax.chain(
         optax.clip_by_global_norm(1.0),
@@ -154,7 +164,11 @@ def make_eqopt(case, total_steps):
     if case == "adamw":
         return eqopt.adamw(LEARNING_RATE, weight_decay=WEIGHT_DECAY)
     schedule = eqopt.warmup_cosine_decay_schedule(
-        0.0, LEARNING_RATE, total_steps // 10, total_steps, end_value=LEARNING_RATE / 100
+        0.0,
+        LEARNING_RATE,
+        total_steps // 10,
+        total_steps,
+        end_value=LEARNING_RATE / 100,
     )
     return eqopt.chain(
         eqopt.clip_by_global_norm(1.0),
@@ -286,11 +300,15 @@ def bench_one(case, tree_name, model, grads, args, log):
     total_steps = 10_000
     runners = {lib: Runner(lib, case, model, grads, total_steps) for lib in LIBRARIES}
 
-    samples = {lib: {m: {"wall": [], "cpu": []} for m in ("trace", "xla", "compile", "step")}
-               for lib in LIBRARIES}
+    samples = {
+        lib: {m: {"wall": [], "cpu": []} for m in ("trace", "xla", "compile", "step")}
+        for lib in LIBRARIES
+    }
 
     # Compile time: fresh closures, caches cleared, libraries alternating.
-    compile_reps = args.compile_reps if tree_name != "small" else args.small_compile_reps
+    compile_reps = (
+        args.compile_reps if tree_name != "small" else args.small_compile_reps
+    )
     for rep in range(compile_reps):
         for lib in orders(rep):
             trace, xla = runners[lib].time_compile()
@@ -302,9 +320,13 @@ def bench_one(case, tree_name, model, grads, args, log):
     # Same computation? One step from identical params.
     for runner in runners.values():
         runner.run(1)
-    difference = max_relative_difference(runners["eqopt"].params, runners["optax"].params)
+    difference = max_relative_difference(
+        runners["eqopt"].params, runners["optax"].params
+    )
     if difference > 1e-4:
-        log(f"  WARNING: eqopt and Optax params differ after one step (max rel diff {difference:.2e})")
+        log(
+            f"  WARNING: eqopt and Optax params differ after one step (max rel diff {difference:.2e})"
+        )
 
     # Step time: warm up, calibrate the steps per repetition, libraries alternating.
     for runner in runners.values():
@@ -331,15 +353,22 @@ def bench_one(case, tree_name, model, grads, args, log):
         "steps_per_rep": inner,
         "samples_s": samples,
         "median_ms": {
-            lib: {m: {c: 1e3 * statistics.median(v) if v else math.nan for c, v in by_clock.items()}
-                  for m, by_clock in samples[lib].items()}
+            lib: {
+                m: {
+                    c: 1e3 * statistics.median(v) if v else math.nan
+                    for c, v in by_clock.items()
+                }
+                for m, by_clock in samples[lib].items()
+            }
             for lib in LIBRARIES
         },
     }
     # Ratios of the medians, eqopt / Optax.
     result["ratio"] = {
-        m: {c: result["median_ms"]["eqopt"][m][c] / result["median_ms"]["optax"][m][c]
-            for c in ("wall", "cpu")}
+        m: {
+            c: result["median_ms"]["eqopt"][m][c] / result["median_ms"]["optax"][m][c]
+            for c in ("wall", "cpu")
+        }
         for m in ("trace", "xla", "compile", "step")
     }
     del runners, params
@@ -379,43 +408,78 @@ def fmt_count(n):
 
 def table(results):
     header = (
-        "case", "tree", "leaves", "params",
-        "compile ratio", "(cpu)", "trace ratio", "(cpu)", "step ratio", "(cpu)",
-        "compile ms eqopt / optax", "step ms eqopt / optax",
+        "case",
+        "tree",
+        "leaves",
+        "params",
+        "compile ratio",
+        "(cpu)",
+        "trace ratio",
+        "(cpu)",
+        "step ratio",
+        "(cpu)",
+        "compile ms eqopt / optax",
+        "step ms eqopt / optax",
     )
     rows = []
     for r in results:
         ratio, ms = r["ratio"], r["median_ms"]
-        rows.append((
-            r["case"], r["tree"], str(r["leaves"]), fmt_count(r["params"]),
-            fmt_ratio(ratio["compile"]["wall"]), fmt_ratio(ratio["compile"]["cpu"]),
-            fmt_ratio(ratio["trace"]["wall"]), fmt_ratio(ratio["trace"]["cpu"]),
-            fmt_ratio(ratio["step"]["wall"]), fmt_ratio(ratio["step"]["cpu"]),
-            f"{fmt_ms(ms['eqopt']['compile']['wall'])} / {fmt_ms(ms['optax']['compile']['wall'])}",
-            f"{fmt_ms(ms['eqopt']['step']['wall'])} / {fmt_ms(ms['optax']['step']['wall'])}",
-        ))
+        rows.append(
+            (
+                r["case"],
+                r["tree"],
+                str(r["leaves"]),
+                fmt_count(r["params"]),
+                fmt_ratio(ratio["compile"]["wall"]),
+                fmt_ratio(ratio["compile"]["cpu"]),
+                fmt_ratio(ratio["trace"]["wall"]),
+                fmt_ratio(ratio["trace"]["cpu"]),
+                fmt_ratio(ratio["step"]["wall"]),
+                fmt_ratio(ratio["step"]["cpu"]),
+                f"{fmt_ms(ms['eqopt']['compile']['wall'])} / {fmt_ms(ms['optax']['compile']['wall'])}",
+                f"{fmt_ms(ms['eqopt']['step']['wall'])} / {fmt_ms(ms['optax']['step']['wall'])}",
+            )
+        )
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     numeric = set(range(2, len(header)))
 
     def line(cells):
-        return "| " + " | ".join(
-            c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ) + " |"
+        return (
+            "| "
+            + " | ".join(
+                c.rjust(w) if i in numeric else c.ljust(w)
+                for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+            )
+            + " |"
+        )
 
     out = [line(header)]
-    out.append("|" + "|".join(
-        "-" * (w + 1) + ":" if i in numeric else "-" * (w + 2) for i, w in enumerate(widths)
-    ) + "|")
+    out.append(
+        "|"
+        + "|".join(
+            "-" * (w + 1) + ":" if i in numeric else "-" * (w + 2)
+            for i, w in enumerate(widths)
+        )
+        + "|"
+    )
     out.extend(line(row) for row in rows)
     return "\n".join(out)
 
 
 QUICK = {
-    "mlp_in": 256, "mlp_width": 256, "mlp_depth": 2,
-    "tf_width": 128, "tf_blocks": 1, "tf_vocab": 1000, "tf_context": 64,
+    "mlp_in": 256,
+    "mlp_width": 256,
+    "mlp_depth": 2,
+    "tf_width": 128,
+    "tf_blocks": 1,
+    "tf_vocab": 1000,
+    "tf_context": 64,
     "small_leaves": 100,
-    "compile_reps": 1, "small_compile_reps": 1, "step_reps": 7,
-    "rep_seconds": 0.01, "warmup": 2,
+    "compile_reps": 1,
+    "small_compile_reps": 1,
+    "step_reps": 7,
+    "rep_seconds": 0.01,
+    "warmup": 2,
 }
 
 
@@ -424,24 +488,55 @@ def parse_args(argv=None):
         description="eqopt / Optax compile-time and step-time ratios.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--quick", action="store_true",
-                        help="small trees and few repetitions: a sub-minute smoke run")
-    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ", ".join(CASES))
-    parser.add_argument("--trees", default=",".join(TREES), help="comma-separated subset of " + ", ".join(TREES))
-    parser.add_argument("--compile-reps", type=int, default=3,
-                        help="compile repetitions per library (0: skip compile timing)")
-    parser.add_argument("--small-compile-reps", type=int, default=1,
-                        help="compile repetitions per library for the many-leaf tree (each takes"
-                             " 15-60 s of XLA time on 2 cores)")
-    parser.add_argument("--step-reps", type=int, default=21,
-                        help="step-time repetitions per library (0: skip step timing)")
-    parser.add_argument("--rep-seconds", type=float, default=0.1,
-                        help="target length of one step-time repetition (sets the steps per repetition)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small trees and few repetitions: a sub-minute smoke run",
+    )
+    parser.add_argument(
+        "--cases",
+        default=",".join(CASES),
+        help="comma-separated subset of " + ", ".join(CASES),
+    )
+    parser.add_argument(
+        "--trees",
+        default=",".join(TREES),
+        help="comma-separated subset of " + ", ".join(TREES),
+    )
+    parser.add_argument(
+        "--compile-reps",
+        type=int,
+        default=3,
+        help="compile repetitions per library (0: skip compile timing)",
+    )
+    parser.add_argument(
+        "--small-compile-reps",
+        type=int,
+        default=1,
+        help="compile repetitions per library for the many-leaf tree (each takes"
+        " 15-60 s of XLA time on 2 cores)",
+    )
+    parser.add_argument(
+        "--step-reps",
+        type=int,
+        default=21,
+        help="step-time repetitions per library (0: skip step timing)",
+    )
+    parser.add_argument(
+        "--rep-seconds",
+        type=float,
+        default=0.1,
+        help="target length of one step-time repetition (sets the steps per repetition)",
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=3, help="untimed steps before timing"
+    )
     parser.add_argument("--mlp-in", type=int, default=1024)
     parser.add_argument("--mlp-width", type=int, default=512)
     parser.add_argument("--mlp-depth", type=int, default=3)
-    parser.add_argument("--tf-width", type=int, default=512, help="model width d (MLP width is 4d)")
+    parser.add_argument(
+        "--tf-width", type=int, default=512, help="model width d (MLP width is 4d)"
+    )
     parser.add_argument("--tf-blocks", type=int, default=6)
     parser.add_argument("--tf-vocab", type=int, default=12_000)
     parser.add_argument("--tf-context", type=int, default=512)
@@ -471,7 +566,11 @@ def main(argv=None):
     def log(message):
         print(message, file=sys.stderr, flush=True)
 
-    typecheck = "off (JAXTYPING_DISABLE)" if os.environ.get("JAXTYPING_DISABLE", "") not in ("", "0", "false", "False") else "on"
+    typecheck = (
+        "off (JAXTYPING_DISABLE)"
+        if os.environ.get("JAXTYPING_DISABLE", "") not in ("", "0", "false", "False")
+        else "on"
+    )
     print(
         f"eqopt {eqopt.__version__}, optax {optax.__version__}, jax {jax.__version__}, "
         f"equinox {eqx.__version__}, python {platform.python_version()}; "

@@ -104,7 +104,14 @@ def adam(
     ICLR 2015.
     """
     return Chain(
-        ScaleByAdam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nesterov=nesterov),
+        ScaleByAdam(
+            b1=b1,
+            b2=b2,
+            eps=eps,
+            eps_root=eps_root,
+            mu_dtype=mu_dtype,
+            nesterov=nesterov,
+        ),
         ScaleByLearningRate(learning_rate),
     )
 
@@ -183,7 +190,14 @@ def adamw(
     Regularization*, ICLR 2019.
     """
     return Chain(
-        ScaleByAdam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nesterov=nesterov),
+        ScaleByAdam(
+            b1=b1,
+            b2=b2,
+            eps=eps,
+            eps_root=eps_root,
+            mu_dtype=mu_dtype,
+            nesterov=nesterov,
+        ),
         AddDecayedWeights(weight_decay, mask),
         ScaleByLearningRate(learning_rate),
     )
@@ -221,7 +235,15 @@ def nadamw(
     Regularization*, ICLR 2019.
     """
     return adamw(
-        learning_rate, b1, b2, eps, eps_root, mu_dtype, weight_decay, mask, nesterov=nesterov
+        learning_rate,
+        b1,
+        b2,
+        eps,
+        eps_root,
+        mu_dtype,
+        weight_decay,
+        mask,
+        nesterov=nesterov,
     )
 
 
@@ -258,8 +280,13 @@ def amsgrad(
     """
     return Chain(
         ScaleByAmsgrad(
-            b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
-            bias_correction_mu=bias_correction_mu, bias_correction_nu=bias_correction_nu,
+            b1=b1,
+            b2=b2,
+            eps=eps,
+            eps_root=eps_root,
+            mu_dtype=mu_dtype,
+            bias_correction_mu=bias_correction_mu,
+            bias_correction_nu=bias_correction_nu,
         ),
         ScaleByLearningRate(learning_rate),
     )
@@ -292,7 +319,9 @@ def adamax(
     **References:** Kingma & Ba, *Adam: A Method for Stochastic Optimization*,
     ICLR 2015, §7.1.
     """
-    return Chain(ScaleByAdamax(b1=b1, b2=b2, eps=eps), ScaleByLearningRate(learning_rate))
+    return Chain(
+        ScaleByAdamax(b1=b1, b2=b2, eps=eps), ScaleByLearningRate(learning_rate)
+    )
 
 
 def adamaxw(
@@ -375,8 +404,11 @@ def rmsprop(
     scaling = ScaleByStddev if centered else ScaleByRms
     return Chain(
         scaling(
-            decay=decay, eps=eps, initial_scale=initial_scale,
-            eps_in_sqrt=eps_in_sqrt, bias_correction=bias_correction,
+            decay=decay,
+            eps=eps,
+            initial_scale=initial_scale,
+            eps_in_sqrt=eps_in_sqrt,
+            bias_correction=bias_correction,
         ),
         ScaleByLearningRate(learning_rate),
         _momentum(momentum, nesterov),
@@ -546,4 +578,7 @@ def noisy_sgd(
         if key is not None:
             raise ValueError("Give only one of `key` and `seed`.")
         key = seed
-    return Chain(AddNoise(eta, gamma, 0 if key is None else key), ScaleByLearningRate(learning_rate))
+    return Chain(
+        AddNoise(eta, gamma, 0 if key is None else key),
+        ScaleByLearningRate(learning_rate),
+    )

@@ -15,6 +15,8 @@ from ._hyper import check_fields
 
 #: Parameters: any pytree, typically a whole Equinox model. Its inexact arrays are trainable.
 Params: TypeAlias = PyTree[Any]
+
+
 class _InexactTreeMeta(type):
     def __instancecheck__(cls, obj: Any) -> bool:
         return all(eqx.is_inexact_array(leaf) for leaf in jax.tree.leaves(obj))
@@ -122,7 +124,9 @@ def check_updates(
     leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
     reference_leaves, reference_treedef = jax.tree.flatten(reference, is_leaf=is_none)
     if treedef != reference_treedef:
-        raise ValueError(structure_mismatch_message(updates, reference, name, reference_name))
+        raise ValueError(
+            structure_mismatch_message(updates, reference, name, reference_name)
+        )
     for index, (update, ref) in enumerate(zip(leaves, reference_leaves)):
         if update is None:
             continue
@@ -338,9 +342,13 @@ def as_transform(transform: Any) -> AbstractGradientTransformation:
     """
     if isinstance(transform, AbstractGradientTransformation):
         return transform
-    if callable(getattr(transform, "init", None)) and callable(getattr(transform, "update", None)):
+    if callable(getattr(transform, "init", None)) and callable(
+        getattr(transform, "update", None)
+    ):
         return GradientTransformation(transform.init, transform.update)
-    raise TypeError(f"Expected a gradient transformation, got {type(transform).__name__}.")
+    raise TypeError(
+        f"Expected a gradient transformation, got {type(transform).__name__}."
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -397,8 +405,10 @@ def incremental_update(
     **Returns:** the updated copy.
     """
     check_updates(
-        eqx.filter(new_tensors, is_trainable), old_tensors,
-        name="new_tensors", reference_name="old_tensors",
+        eqx.filter(new_tensors, is_trainable),
+        old_tensors,
+        name="new_tensors",
+        reference_name="old_tensors",
     )
 
     def mix(new, old):
@@ -429,8 +439,10 @@ def periodic_update(
     **Returns:** `new_tensors` when `steps % update_period == 0`, else `old_tensors`.
     """
     check_updates(
-        eqx.filter(new_tensors, is_trainable), old_tensors,
-        name="new_tensors", reference_name="old_tensors",
+        eqx.filter(new_tensors, is_trainable),
+        old_tensors,
+        name="new_tensors",
+        reference_name="old_tensors",
     )
     copy = jnp.mod(steps, update_period) == 0
     return jax.tree.map(
@@ -472,7 +484,9 @@ def full_like_trainable_real(params: Params, value: Any) -> Updates:
 
 
 @no_type_check
-def leafwise(fn: Callable, updates: Updates, *trees: Any, n_out: int | None = None) -> Any:
+def leafwise(
+    fn: Callable, updates: Updates, *trees: Any, n_out: int | None = None
+) -> Any:
     """Maps `fn` over the leaves of `updates` and trees shaped like it.
 
     Where an update is `None`, `fn` is not called: the output is `None` (or, when
@@ -486,7 +500,9 @@ def leafwise(fn: Callable, updates: Updates, *trees: Any, n_out: int | None = No
     for tree in trees:
         other_leaves, other_treedef = jax.tree.flatten(tree, is_leaf=is_none)
         if other_treedef != treedef:
-            raise ValueError(structure_mismatch_message(updates, tree, "updates", "state"))
+            raise ValueError(
+                structure_mismatch_message(updates, tree, "updates", "state")
+            )
         others.append(other_leaves)
     for index, (u, *rest) in enumerate(zip(leaves, *others)):
         if u is None:
@@ -508,4 +524,6 @@ def leafwise(fn: Callable, updates: Updates, *trees: Any, n_out: int | None = No
             outs.append((None, *rest[: n_out - 1]))
         else:
             outs.append(fn(u, *rest))
-    return tuple(jax.tree.unflatten(treedef, [o[i] for o in outs]) for i in range(n_out))
+    return tuple(
+        jax.tree.unflatten(treedef, [o[i] for o in outs]) for i in range(n_out)
+    )

@@ -55,7 +55,9 @@ class _NamedTuple(eqx.Module):
             try:
                 return self._parts()[self.names.index(key)]
             except ValueError:
-                raise KeyError(f"No part named {key!r}; the names are {self.names}.") from None
+                raise KeyError(
+                    f"No part named {key!r}; the names are {self.names}."
+                ) from None
         return self._parts()[key]
 
     def __getattr__(self, name: str):
@@ -117,9 +119,13 @@ class Chain(_NamedTuple, AbstractGradientTransformation):
             names = _default_names(self.transforms)
         names = tuple(names)
         if len(names) != len(self.transforms):
-            raise ValueError(f"Got {len(names)} names for {len(self.transforms)} transforms.")
+            raise ValueError(
+                f"Got {len(names)} names for {len(self.transforms)} transforms."
+            )
         if len(set(names)) != len(names):
-            raise ValueError(f"The names of a chain's parts must be unique, got {names}.")
+            raise ValueError(
+                f"The names of a chain's parts must be unique, got {names}."
+            )
         self.names = names
 
     def _parts(self) -> tuple:
@@ -148,7 +154,9 @@ class Chain(_NamedTuple, AbstractGradientTransformation):
             check_updates(updates, params)
         new_states = []
         for transform, part_state in zip(self.transforms, state.states):
-            updates, part_state = transform.update(updates, part_state, params, **extra_args)
+            updates, part_state = transform.update(
+                updates, part_state, params, **extra_args
+            )
             new_states.append(part_state)
         return updates, ChainState(tuple(new_states), self.names)
 
@@ -184,14 +192,19 @@ def _looks_like_filter_specs(param_labels: Any, labels: set) -> bool:
     if not isinstance(param_labels, Mapping) or set(param_labels.keys()) != labels:
         return False
     leaves = jax.tree.leaves(param_labels, is_leaf=_is_spec_leaf)
-    return all(leaf is None or isinstance(leaf, (bool, np.bool_)) or callable(leaf) for leaf in leaves)
+    return all(
+        leaf is None or isinstance(leaf, (bool, np.bool_)) or callable(leaf)
+        for leaf in leaves
+    )
 
 
 def _resolve_labels(param_labels: Any, params: Params, labels: list) -> Any:
     """A tree shaped like params: the group label of each trainable leaf, None elsewhere."""
     if _looks_like_filter_specs(param_labels, set(labels)):
         masks = {
-            label: resolve_filter(param_labels[label], params, what=f"filter spec of group {label!r}")
+            label: resolve_filter(
+                param_labels[label], params, what=f"filter spec of group {label!r}"
+            )
             for label in labels
         }
         flat_params = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_none)[0]
@@ -213,13 +226,23 @@ def _resolve_labels(param_labels: Any, params: Params, labels: list) -> Any:
 
     # A label tree: a prefix pytree of labels, or per-leaf callables returning labels.
     def is_label_leaf(x):
-        return x is None or isinstance(x, Hashable) and not _is_pytree(x) or callable(x) and not _is_pytree(x)
+        return (
+            x is None
+            or isinstance(x, Hashable)
+            and not _is_pytree(x)
+            or callable(x)
+            and not _is_pytree(x)
+        )
 
-    spec_flat, spec_def = jax.tree_util.tree_flatten_with_path(param_labels, is_leaf=is_label_leaf)
+    spec_flat, spec_def = jax.tree_util.tree_flatten_with_path(
+        param_labels, is_leaf=is_label_leaf
+    )
     try:
         subtrees = spec_def.flatten_up_to(params)
     except (ValueError, TypeError) as error:
-        raise ValueError(f"`param_labels` is not a prefix of the params' structure: {error}") from None
+        raise ValueError(
+            f"`param_labels` is not a prefix of the params' structure: {error}"
+        ) from None
     resolved = []
     for (prefix, spec), subtree in zip(spec_flat, subtrees):
         flat = jax.tree_util.tree_flatten_with_path(subtree, is_leaf=is_none)[0]
@@ -235,7 +258,9 @@ def _resolve_labels(param_labels: Any, params: Params, labels: list) -> Any:
                     f"is in no group; the groups are {labels}."
                 )
             sub_out.append(label)
-        resolved.append(jax.tree.unflatten(jax.tree.structure(subtree, is_leaf=is_none), sub_out))
+        resolved.append(
+            jax.tree.unflatten(jax.tree.structure(subtree, is_leaf=is_none), sub_out)
+        )
     return jax.tree.unflatten(spec_def, resolved)
 
 
@@ -313,12 +338,20 @@ class Partition(AbstractGradientTransformation):
             )
             new_updates = jax.tree.map(
                 lambda new, old, selected: new if selected else old,
-                group_updates, new_updates, mask, is_leaf=is_none,
+                group_updates,
+                new_updates,
+                mask,
+                is_leaf=is_none,
             )
         return new_updates, PartitionState(inner_states)
 
 
-def partition(transforms: Mapping[Hashable, Any], param_labels: Any, *, mask_compatible_extra_args: bool = False) -> Partition:
+def partition(
+    transforms: Mapping[Hashable, Any],
+    param_labels: Any,
+    *,
+    mask_compatible_extra_args: bool = False,
+) -> Partition:
     """Optax spelling of [`eqopt.Partition`][]: a transform per group of parameters.
 
     `mask_compatible_extra_args` is accepted for Optax compatibility: eqopt
@@ -327,6 +360,11 @@ def partition(transforms: Mapping[Hashable, Any], param_labels: Any, *, mask_com
     return Partition(transforms, param_labels)
 
 
-def multi_transform(transforms: Mapping[Hashable, Any], param_labels: Any, *, mask_compatible_extra_args: bool = False) -> Partition:
+def multi_transform(
+    transforms: Mapping[Hashable, Any],
+    param_labels: Any,
+    *,
+    mask_compatible_extra_args: bool = False,
+) -> Partition:
     """Optax's older name for [`eqopt.partition`][]."""
     return Partition(transforms, param_labels)

@@ -10,14 +10,22 @@ from jaxtyping import PyTree
 from ._base import is_none, is_trainable, path_str
 
 #: A filter spec: a bool, a per-leaf predicate, or a prefix pytree of these.
-FilterSpec: TypeAlias = bool | Callable[[Any], Any] | PyTree[bool | Callable[[Any], Any] | None]
+FilterSpec: TypeAlias = (
+    bool | Callable[[Any], Any] | PyTree[bool | Callable[[Any], Any] | None]
+)
 
 
 @no_type_check
 def _is_spec_leaf(x: Any) -> bool:
     # Equinox modules are callable pytrees: they are prefix trees, not predicates.
-    return x is None or isinstance(x, (bool, np.bool_)) or (
-        callable(x) and not isinstance(x, jax.tree_util.Partial) and not _is_pytree_node(x)
+    return (
+        x is None
+        or isinstance(x, (bool, np.bool_))
+        or (
+            callable(x)
+            and not isinstance(x, jax.tree_util.Partial)
+            and not _is_pytree_node(x)
+        )
     )
 
 
@@ -29,8 +37,10 @@ def _is_pytree_node(x: Any) -> bool:
 def _to_bool(value: Any, path, what: str) -> bool:
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
-    if hasattr(value, "shape") and getattr(value, "shape", None) == () and not isinstance(
-        value, jax.core.Tracer
+    if (
+        hasattr(value, "shape")
+        and getattr(value, "shape", None) == ()
+        and not isinstance(value, jax.core.Tracer)
     ):
         try:
             return bool(value)
@@ -44,7 +54,9 @@ def _to_bool(value: Any, path, what: str) -> bool:
     )
 
 
-def resolve_filter(filter_spec: FilterSpec, tree: Any, *, what: str = "filter spec") -> Any:
+def resolve_filter(
+    filter_spec: FilterSpec, tree: Any, *, what: str = "filter spec"
+) -> Any:
     """Resolves a filter spec against `tree` into a tree of Python bools.
 
     Predicates are called on trainable leaves (inexact arrays) only; every other
@@ -75,7 +87,9 @@ def resolve_filter(filter_spec: FilterSpec, tree: Any, *, what: str = "filter sp
     if _is_spec_leaf(filter_spec):
         return resolve_subtree(filter_spec, tree, ())
 
-    spec_flat, spec_def = jax.tree_util.tree_flatten_with_path(filter_spec, is_leaf=_is_spec_leaf)
+    spec_flat, spec_def = jax.tree_util.tree_flatten_with_path(
+        filter_spec, is_leaf=_is_spec_leaf
+    )
     try:
         subtrees = spec_def.flatten_up_to(tree)
     except (ValueError, TypeError) as error:
@@ -94,7 +108,10 @@ def select_trainable(filter_spec: FilterSpec, tree: Any, *, what: str = "mask") 
     """The bools of `resolve_filter`, and-ed with "is a trainable leaf"."""
     mask = resolve_filter(filter_spec, tree, what=what)
     return jax.tree.map(
-        lambda selected, leaf: selected and is_trainable(leaf), mask, tree, is_leaf=is_none
+        lambda selected, leaf: selected and is_trainable(leaf),
+        mask,
+        tree,
+        is_leaf=is_none,
     )
 
 

@@ -104,12 +104,20 @@ def as_number(value: Any) -> Any:
 # What each converter allows besides a real scalar array.
 _KINDS: dict[Any, tuple[str, bool, bool]] = {
     as_scalar: ("a real number (a Python number or a 0-d array)", False, False),
-    as_optional_scalar: ("a real number (a Python number or a 0-d array) or None", False, True),
+    as_optional_scalar: (
+        "a real number (a Python number or a 0-d array) or None",
+        False,
+        True,
+    ),
     as_scalar_or_schedule: (
-        "a real number (a Python number or a 0-d array) or a schedule", True, False
+        "a real number (a Python number or a 0-d array) or a schedule",
+        True,
+        False,
     ),
     as_optional_scalar_or_schedule: (
-        "a real number (a Python number or a 0-d array), a schedule or None", True, True
+        "a real number (a Python number or a 0-d array), a schedule or None",
+        True,
+        True,
     ),
     as_int_scalar: ("an integer (a Python int or a 0-d integer array)", False, False),
 }
@@ -188,7 +196,8 @@ def check_hyperparameter(
     low_text = "-inf" if low is None else f"{low}"
     high_text = "inf" if high is None else f"{high}"
     interval = (
-        ("[" if low_inclusive else "(") + f"{low_text}, {high_text}"
+        ("[" if low_inclusive else "(")
+        + f"{low_text}, {high_text}"
         + ("]" if high_inclusive else ")")
     )
     if low is not None and (v < low or (v == low and not low_inclusive)):
@@ -204,5 +213,9 @@ def check_decays(module: eqx.Module, *names: str, high_inclusive: bool = False) 
     """
     for name in names:
         check_hyperparameter(
-            name, getattr(module, name), low=0.0, high=1.0, high_inclusive=high_inclusive
+            name,
+            getattr(module, name),
+            low=0.0,
+            high=1.0,
+            high_inclusive=high_inclusive,
         )

@@ -69,7 +69,9 @@ def safe_root_mean_squares(
     """
     rms = jnp.sqrt(jnp.mean(jnp.square(jnp.abs(x))))
     x = jnp.where(rms <= min_rms, jnp.ones_like(x), x)
-    return jnp.where(rms <= min_rms, min_rms, jnp.sqrt(jnp.mean(jnp.square(jnp.abs(x)))))
+    return jnp.where(
+        rms <= min_rms, min_rms, jnp.sqrt(jnp.mean(jnp.square(jnp.abs(x))))
+    )
 
 
 def safe_increment(count: Shaped[Array, ""]) -> Shaped[Array, ""]:
@@ -91,7 +93,9 @@ def safe_int32_increment(count: Int[Array, ""]) -> Int[Array, ""]:
     """Adds one to an `int32` counter, saturating at `2**31 - 1`."""
     count = jnp.asarray(count)
     if count.dtype != jnp.int32:
-        raise ValueError(f"safe_int32_increment expects an int32 counter, got {count.dtype}.")
+        raise ValueError(
+            f"safe_int32_increment expects an int32 counter, got {count.dtype}."
+        )
     return safe_increment(count)
 
 

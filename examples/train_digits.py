@@ -37,7 +37,12 @@ class Classifier(eqx.Module):
 
     def __init__(self, in_size: int, num_classes: int, *, key):
         self.mlp = eqx.nn.MLP(
-            in_size, num_classes, width_size=128, depth=2, activation=jax.nn.gelu, key=key
+            in_size,
+            num_classes,
+            width_size=128,
+            depth=2,
+            activation=jax.nn.gelu,
+            key=key,
         )
         self.dropout = eqx.nn.Dropout(p=0.1)
 
@@ -98,7 +103,9 @@ def main():
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-every", type=int, default=50)
-    parser.add_argument("--plot", default="digits_training.png", help="where to save the plot")
+    parser.add_argument(
+        "--plot", default="digits_training.png", help="where to save the plot"
+    )
     args = parser.parse_args()
 
     start = time.perf_counter()
@@ -121,7 +128,9 @@ def main():
         batch = order[cursor : cursor + args.batch_size]
         cursor += args.batch_size
         key = jax.random.fold_in(train_key, i)
-        model, state, loss = step(opt, model, state, x_train[batch], y_train[batch], key)
+        model, state, loss = step(
+            opt, model, state, x_train[batch], y_train[batch], key
+        )
         losses.append(loss)
         if (i + 1) % args.eval_every == 0 or i + 1 == args.steps:
             eval_steps.append(i + 1)
@@ -130,7 +139,9 @@ def main():
     losses = np.asarray(jax.device_get(losses))
     final = accuracies[-1]
     elapsed = time.perf_counter() - start
-    print(f"held-out accuracy: {final:.4f} ({len(y_test)} test images, {elapsed:.1f} s)")
+    print(
+        f"held-out accuracy: {final:.4f} ({len(y_test)} test images, {elapsed:.1f} s)"
+    )
 
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
     ax_loss.plot(np.arange(1, len(losses) + 1), losses, alpha=0.3, label="batch")
@@ -140,7 +151,9 @@ def main():
     ax_loss.set(xlabel="step", ylabel="training loss", yscale="log", title="Loss")
     ax_loss.legend()
     ax_acc.plot(eval_steps, accuracies, marker=".")
-    ax_acc.set(xlabel="step", ylabel="accuracy", title=f"Held-out accuracy (final {final:.3f})")
+    ax_acc.set(
+        xlabel="step", ylabel="accuracy", title=f"Held-out accuracy (final {final:.3f})"
+    )
     ax_acc.set_ylim(max(0.0, min(accuracies) - 0.02), 1.0)
     ax_acc.grid(alpha=0.3)
     fig.tight_layout()

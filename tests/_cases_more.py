@@ -20,9 +20,15 @@ def _nan_where_negative(updates, params):
     )
 
 
-CASES = [
+TRANSFORM_CASES = [
     # rms.py
-    Case("scale_by_rms", eqopt.scale_by_rms, optax.scale_by_rms, ALL_F32, needs_params=False),
+    Case(
+        "scale_by_rms",
+        eqopt.scale_by_rms,
+        optax.scale_by_rms,
+        ALL_F32,
+        needs_params=False,
+    ),
     Case(
         "scale_by_rms-eps_outside-bias_correction",
         lambda: eqopt.scale_by_rms(decay=0.8, eps_in_sqrt=False, bias_correction=True),
@@ -37,17 +43,33 @@ CASES = [
         REAL,
         needs_params=False,
     ),
-    Case("scale_by_stddev", eqopt.scale_by_stddev, optax.scale_by_stddev, ALL_F32, needs_params=False),
+    Case(
+        "scale_by_stddev",
+        eqopt.scale_by_stddev,
+        optax.scale_by_stddev,
+        ALL_F32,
+        needs_params=False,
+    ),
     Case(
         # At the first step the debiased variance is 0 up to rounding: eps keeps
         # the comparison away from 1/sqrt(rounding noise).
         "scale_by_stddev-bias_correction",
-        lambda: eqopt.scale_by_stddev(decay=0.75, eps=1e-2, initial_scale=0.5, bias_correction=True),
-        lambda: optax.scale_by_stddev(decay=0.75, eps=1e-2, initial_scale=0.5, bias_correction=True),
+        lambda: eqopt.scale_by_stddev(
+            decay=0.75, eps=1e-2, initial_scale=0.5, bias_correction=True
+        ),
+        lambda: optax.scale_by_stddev(
+            decay=0.75, eps=1e-2, initial_scale=0.5, bias_correction=True
+        ),
         ALL_F32,
         needs_params=False,
     ),
-    Case("scale_by_rss", eqopt.scale_by_rss, optax.scale_by_rss, ALL_F32, needs_params=False),
+    Case(
+        "scale_by_rss",
+        eqopt.scale_by_rss,
+        optax.scale_by_rss,
+        ALL_F32,
+        needs_params=False,
+    ),
     Case(
         "scale_by_rss-zero_init",
         lambda: eqopt.scale_by_rss(initial_accumulator_value=0.0, eps=1e-4),
@@ -56,8 +78,20 @@ CASES = [
         needs_params=False,
     ),
     # sign.py
-    Case("scale_by_sign", eqopt.scale_by_sign, optax.scale_by_sign, ALL_F32, needs_params=False),
-    Case("scale_by_lion", eqopt.scale_by_lion, optax.scale_by_lion, ALL_F32, needs_params=False),
+    Case(
+        "scale_by_sign",
+        eqopt.scale_by_sign,
+        optax.scale_by_sign,
+        ALL_F32,
+        needs_params=False,
+    ),
+    Case(
+        "scale_by_lion",
+        eqopt.scale_by_lion,
+        optax.scale_by_lion,
+        ALL_F32,
+        needs_params=False,
+    ),
     Case(
         "scale_by_lion-mu_dtype",
         lambda: eqopt.scale_by_lion(b1=0.5, mu_dtype=jnp.bfloat16),

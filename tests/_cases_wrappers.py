@@ -57,7 +57,7 @@ class GeometricDecay(eqopt.AbstractStatefulSchedule):
         return state
 
 
-CASES = [
+TRANSFORM_CASES = [
     Case(
         "inject_hyperparams-scale_by_learning_rate",
         lambda: eqopt.inject_hyperparams(eqopt.scale_by_learning_rate)(0.1),
@@ -144,7 +144,7 @@ CASES = [
 ]
 
 if hasattr(eqopt, "adam"):  # the optimiser aliases may land after this file
-    CASES.append(
+    TRANSFORM_CASES.append(
         Case(
             "inject_hyperparams-adam",
             lambda: eqopt.inject_hyperparams(eqopt.adam)(

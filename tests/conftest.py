@@ -9,7 +9,8 @@ jax.config.update("jax_enable_checks", False)
 
 # eqopt installs jaxtyping's beartype import hook over its own modules when it is
 # imported (DESIGN §7), so importing it here is enough to test with checking on.
-import eqopt  # noqa: E402,F401
 import jaxtyping  # noqa: E402
+
+import eqopt  # noqa: E402,F401
 
 assert not jaxtyping.config.jaxtyping_disable, "tests must run with type checking on"

@@ -16,18 +16,41 @@ import pytest
 import eqopt
 
 OPTIMISERS = [
-    "sgd", "adam", "adamw", "nadam", "nadamw", "amsgrad", "adamax", "adamaxw",
-    "rmsprop", "adagrad", "lion", "sign_sgd", "signum", "noisy_sgd",
+    "sgd",
+    "adam",
+    "adamw",
+    "nadam",
+    "nadamw",
+    "amsgrad",
+    "adamax",
+    "adamaxw",
+    "rmsprop",
+    "adagrad",
+    "lion",
+    "sign_sgd",
+    "signum",
+    "noisy_sgd",
 ]
 TRANSFORMS = [
-    "scale_by_rms", "scale_by_stddev", "scale_by_rss", "scale_by_sign", "scale_by_lion",
-    "add_noise", "centralize", "zero_nans", "keep_params_nonnegative",
+    "scale_by_rms",
+    "scale_by_stddev",
+    "scale_by_rss",
+    "scale_by_sign",
+    "scale_by_lion",
+    "add_noise",
+    "centralize",
+    "zero_nans",
+    "keep_params_nonnegative",
 ]
 WITH_B1 = ["adam", "adamw", "nadam", "nadamw", "amsgrad", "adamax", "adamaxw"]
 
 
 def _same_default(ours, theirs):
-    if isinstance(theirs, float) and isinstance(ours, (int, float)) and not isinstance(ours, bool):
+    if (
+        isinstance(theirs, float)
+        and isinstance(ours, (int, float))
+        and not isinstance(ours, bool)
+    ):
         return ours == theirs or (math.isnan(ours) and math.isnan(theirs))
     return type(ours) is type(theirs) and ours == theirs
 
@@ -37,7 +60,9 @@ def test_signature_matches_optax(name):
     """Each Optax parameter exists with the same name, kind and default; extras are keyword-only."""
     theirs = inspect.signature(getattr(optax, name)).parameters
     mine = inspect.signature(getattr(eqopt, name)).parameters
-    assert list(mine)[: len(theirs)] == list(theirs), "same parameters, in the same order"
+    assert list(mine)[: len(theirs)] == list(theirs), (
+        "same parameters, in the same order"
+    )
     for parameter_name, parameter in theirs.items():
         ours = mine[parameter_name]
         assert ours.kind == parameter.kind, parameter_name
@@ -48,7 +73,9 @@ def test_signature_matches_optax(name):
                 f"{parameter_name}: {ours.default!r} != {parameter.default!r}"
             )
     for parameter_name in set(mine) - set(theirs):
-        assert mine[parameter_name].kind is inspect.Parameter.KEYWORD_ONLY, parameter_name
+        assert mine[parameter_name].kind is inspect.Parameter.KEYWORD_ONLY, (
+            parameter_name
+        )
 
 
 def _build(name, learning_rate=1e-3):
@@ -65,9 +92,9 @@ def test_optimiser_is_a_chain_with_optax_layout(name):
     extra = {"key": 0} if name == "noisy_sgd" else {}
     reference_state = getattr(optax, name)(1e-3, **extra).init(params)
     assert len(state) == len(reference_state) == len(opt)
-    assert opt.names == tuple(
-        eqopt.Chain(*opt.transforms).names
-    ), "parts are named after their classes"
+    assert opt.names == tuple(eqopt.Chain(*opt.transforms).names), (
+        "parts are named after their classes"
+    )
     assert state[opt.names[-1]] is state[-1]
 
 
@@ -90,7 +117,9 @@ def test_printed_adamw():
     ):
         assert part in text, text
     assert "0.0001" in text or "1e-04" in text
-    assert "momentum" not in str(eqopt.sgd(0.1)) and "Trace(decay=0.9)" in str(eqopt.sgd(0.1, 0.9))
+    assert "momentum" not in str(eqopt.sgd(0.1)) and "Trace(decay=0.9)" in str(
+        eqopt.sgd(0.1, 0.9)
+    )
 
 
 @pytest.mark.parametrize("name", OPTIMISERS)
@@ -120,7 +149,10 @@ def test_b1_outside_unit_interval_is_an_error_naming_it(name, b1):
         (lambda: eqopt.rmsprop(1e-3, decay=1.5), "decay"),
         (lambda: eqopt.rmsprop(1e-3, eps=-1e-8, centered=True), "eps"),
         (lambda: eqopt.rmsprop(1e-3, initial_scale=-1.0), "initial_scale"),
-        (lambda: eqopt.adagrad(1e-3, initial_accumulator_value=-0.1), "initial_accumulator_value"),
+        (
+            lambda: eqopt.adagrad(1e-3, initial_accumulator_value=-0.1),
+            "initial_accumulator_value",
+        ),
         (lambda: eqopt.signum(1e-3, beta=2.0), "decay"),
         (lambda: eqopt.noisy_sgd(1e-3, eta=-1.0), "eta"),
         (lambda: eqopt.scale_by_lion(smooth_beta=0.0), "smooth_beta"),
@@ -155,7 +187,9 @@ def test_integer_learning_rate_and_traced_hyperparameters():
 def test_adamw_mask_is_an_equinox_filter_spec():
     """A prefix tree built with eqx.tree_at selects the decayed leaves of a whole model."""
     model = eqx.nn.MLP(3, 2, 4, 1, key=jax.random.key(0))
-    mask = eqx.tree_at(lambda m: m.layers[0].weight, jax.tree.map(lambda _: False, model), True)
+    mask = eqx.tree_at(
+        lambda m: m.layers[0].weight, jax.tree.map(lambda _: False, model), True
+    )
     grads = eqx.filter_grad(lambda m: jnp.sum(m(jnp.ones(3)) ** 2))(model)
     weight_decay, learning_rate = 0.5, 0.1
     decayed = eqopt.adamw(learning_rate, weight_decay=weight_decay, mask=mask)
@@ -164,7 +198,8 @@ def test_adamw_mask_is_an_equinox_filter_spec():
     reference, _ = plain.update(grads, plain.init(model), model)
     np.testing.assert_allclose(
         updates.layers[0].weight,
-        reference.layers[0].weight - learning_rate * weight_decay * model.layers[0].weight,
+        reference.layers[0].weight
+        - learning_rate * weight_decay * model.layers[0].weight,
         rtol=1e-6,
     )
     for path in (lambda m: m.layers[0].bias, lambda m: m.layers[1].weight):
@@ -187,8 +222,18 @@ def test_lion_mask_predicate_sees_leaves_not_the_model():
 
 
 def test_elementwise_claims():
-    for name in ("sgd", "adam", "nadam", "amsgrad", "adamax", "rmsprop", "adagrad", "lion",
-                 "sign_sgd", "signum"):
+    for name in (
+        "sgd",
+        "adam",
+        "nadam",
+        "amsgrad",
+        "adamax",
+        "rmsprop",
+        "adagrad",
+        "lion",
+        "sign_sgd",
+        "signum",
+    ):
         assert _build(name).elementwise, name
     assert eqopt.adamw(1e-3).elementwise
     assert not eqopt.adamw(1e-3, mask=lambda x: x.ndim > 1).elementwise
@@ -200,7 +245,10 @@ def test_rmsprop_parts():
     assert isinstance(eqopt.rmsprop(0.1, centered=True)[0], eqopt.ScaleByStddev)
     assert isinstance(eqopt.rmsprop(0.1)[2], eqopt.Identity)
     assert eqopt.rmsprop(0.1, momentum=0.5, nesterov=True)[2].nesterov
-    assert eqopt.nadam(0.1).scale_by_adam.nesterov and not eqopt.adam(0.1).scale_by_adam.nesterov
+    assert (
+        eqopt.nadam(0.1).scale_by_adam.nesterov
+        and not eqopt.adam(0.1).scale_by_adam.nesterov
+    )
 
 
 def test_learning_rate_changed_by_name_without_retrace():
@@ -216,7 +264,9 @@ def test_learning_rate_changed_by_name_without_retrace():
     opt = eqopt.adamw(1e-3)
     state = opt.init(params)
     first, _ = step(opt, state)
-    faster = eqx.tree_at(lambda o: o.scale_by_learning_rate.learning_rate, opt, jnp.asarray(2e-3))
+    faster = eqx.tree_at(
+        lambda o: o.scale_by_learning_rate.learning_rate, opt, jnp.asarray(2e-3)
+    )
     second, _ = step(faster, state)
     assert len(traces) == 1
     np.testing.assert_allclose(second["w"], 2 * first["w"], rtol=1e-6)

@@ -12,8 +12,15 @@ import pytest
 import eqopt
 
 NAMESPACES = [
-    "losses", "schedules", "tree", "projections", "second_order", "monte_carlo",
-    "perturbations", "assignment", "contrib",
+    "losses",
+    "schedules",
+    "tree",
+    "projections",
+    "second_order",
+    "monte_carlo",
+    "perturbations",
+    "assignment",
+    "contrib",
 ]
 
 
@@ -46,7 +53,11 @@ def _shared_functions():
             if not name[0].islower() or not callable(obj):
                 continue
             reference = _optax_counterpart(namespace, name)
-            if reference is None or not callable(reference) or inspect.isclass(reference):
+            if (
+                reference is None
+                or not callable(reference)
+                or inspect.isclass(reference)
+            ):
                 continue
             yield pytest.param(obj, reference, id=f"{namespace or 'eqopt'}.{name}")
 
@@ -66,18 +77,25 @@ def test_signature_matches_optax(ours, reference):
         if parameter.kind is inspect.Parameter.VAR_KEYWORD:
             continue
         assert name in mine, f"missing parameter {name!r}"
-        assert mine[name].kind == parameter.kind or parameter.kind in (
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        ) and mine[name].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, name
+        assert (
+            mine[name].kind == parameter.kind
+            or parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,)
+            and mine[name].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+        ), name
         if parameter.default is not inspect.Parameter.empty:
             assert _same_default(mine[name].default, parameter.default), (
                 f"default of {name!r}: {mine[name].default!r} != {parameter.default!r}"
             )
     for name, parameter in mine.items():
         if name not in theirs:
-            assert parameter.kind in (
-                inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD,
-            ) or parameter.default is not inspect.Parameter.empty, f"extra required {name!r}"
+            assert (
+                parameter.kind
+                in (
+                    inspect.Parameter.KEYWORD_ONLY,
+                    inspect.Parameter.VAR_KEYWORD,
+                )
+                or parameter.default is not inspect.Parameter.empty
+            ), f"extra required {name!r}"
 
 
 def _same_default(ours, theirs) -> bool:
@@ -85,9 +103,15 @@ def _same_default(ours, theirs) -> bool:
         return True
     simple = (type(None), bool, int, float, complex, str, tuple)
     if isinstance(theirs, simple) or isinstance(ours, simple):
-        return type(ours) is type(theirs) and ours == theirs or (
-            isinstance(ours, (int, float)) and isinstance(theirs, (int, float))
-            and not isinstance(ours, bool) and ours == theirs
+        return (
+            type(ours) is type(theirs)
+            and ours == theirs
+            or (
+                isinstance(ours, (int, float))
+                and isinstance(theirs, (int, float))
+                and not isinstance(ours, bool)
+                and ours == theirs
+            )
         )
     # Objects (a default noise distribution, a sentinel): the same kind of object.
     return type(ours).__name__ == type(theirs).__name__
@@ -120,11 +144,15 @@ def test_classes_are_abstract_or_final():
         subclasses = [c for c in classes if c is not cls and issubclass(c, cls)]
         if cls.__name__.startswith("Abstract") or cls.__name__.startswith("_"):
             if cls.__name__.startswith("Abstract"):
-                assert getattr(cls, "__abstractmethods__", None) or any(
-                    isinstance(v, type) for v in ()
-                ) or _has_abstract_vars(cls), f"{cls.__name__} is named Abstract but has nothing abstract"
+                assert (
+                    getattr(cls, "__abstractmethods__", None)
+                    or any(isinstance(v, type) for v in ())
+                    or _has_abstract_vars(cls)
+                ), f"{cls.__name__} is named Abstract but has nothing abstract"
             continue
-        assert not subclasses, f"{cls.__name__} is concrete but subclassed by {subclasses}"
+        assert not subclasses, (
+            f"{cls.__name__} is concrete but subclassed by {subclasses}"
+        )
 
 
 def _has_abstract_vars(cls):
@@ -157,8 +185,9 @@ def test_eqopt_never_imports_optax():
 
 
 def test_protocol_is_abstract():
-    assert abc.ABC in eqopt.AbstractGradientTransformation.__mro__ or inspect.isabstract(
-        eqopt.AbstractGradientTransformation
+    assert (
+        abc.ABC in eqopt.AbstractGradientTransformation.__mro__
+        or inspect.isabstract(eqopt.AbstractGradientTransformation)
     )
     with pytest.raises(TypeError):
         eqopt.AbstractGradientTransformation()

@@ -26,17 +26,21 @@ def test_numerics_match_optax():
             eqopt.safe_norm(x, min_norm, axis=1), optax.safe_norm(x, min_norm, axis=1)
         )
         assert_tree_allclose(
-            eqopt.safe_root_mean_squares(x, min_norm), optax.safe_root_mean_squares(x, min_norm)
+            eqopt.safe_root_mean_squares(x, min_norm),
+            optax.safe_root_mean_squares(x, min_norm),
         )
     for count in (jnp.asarray(3, jnp.int32), jnp.asarray(2**31 - 1, jnp.int32)):
         assert eqopt.safe_int32_increment(count) == optax.safe_int32_increment(count)
         assert eqopt.safe_increment(count) == optax.safe_increment(count)
     assert eqopt.safe_increment(jnp.asarray(2.0)) == 3.0
     count = jnp.asarray(4, jnp.int32)
-    assert_tree_allclose(eqopt.bias_correction(TREE, 0.9, count), optax.bias_correction(TREE, 0.9, count))
+    assert_tree_allclose(
+        eqopt.bias_correction(TREE, 0.9, count), optax.bias_correction(TREE, 0.9, count)
+    )
     for order in (1, 2, 3):
         assert_tree_allclose(
-            eqopt.update_moment(OTHER, TREE, 0.9, order), optax.update_moment(OTHER, TREE, 0.9, order)
+            eqopt.update_moment(OTHER, TREE, 0.9, order),
+            optax.update_moment(OTHER, TREE, 0.9, order),
         )
         assert_tree_allclose(
             eqopt.update_moment_per_elem_norm(OTHER, TREE, 0.9, order),
@@ -61,7 +65,8 @@ def test_global_norm_of_whole_model_ignores_non_arrays():
 
 def test_incremental_and_periodic_update_match_optax_and_keep_model_leaves():
     assert_tree_allclose(
-        eqopt.incremental_update(TREE, OTHER, 0.25), optax.incremental_update(TREE, OTHER, 0.25)
+        eqopt.incremental_update(TREE, OTHER, 0.25),
+        optax.incremental_update(TREE, OTHER, 0.25),
     )
     for step in (0, 3, 10):
         assert_tree_allclose(
@@ -72,7 +77,9 @@ def test_incremental_and_periodic_update_match_optax_and_keep_model_leaves():
     old = eqx.nn.MLP(2, 2, 3, 1, key=jax.random.key(1))
     mixed = eqopt.incremental_update(new, old, 0.5)
     assert mixed.activation is new.activation
-    np.testing.assert_allclose(mixed.layers[0].weight, 0.5 * (new.layers[0].weight + old.layers[0].weight))
+    np.testing.assert_allclose(
+        mixed.layers[0].weight, 0.5 * (new.layers[0].weight + old.layers[0].weight)
+    )
     copied = eqopt.periodic_update(new, old, jnp.asarray(10), 5)
     np.testing.assert_array_equal(copied.layers[0].weight, new.layers[0].weight)
     with pytest.raises(ValueError, match=r"\['b'\]"):
@@ -118,7 +125,9 @@ def test_with_extra_args_support_and_init_empty_state():
 
 
 def test_multi_transform_is_partition():
-    tx = eqopt.multi_transform({"x": eqopt.scale(2.0), "y": eqopt.scale(-1.0)}, {"a": "x", "b": "y"})
+    tx = eqopt.multi_transform(
+        {"x": eqopt.scale(2.0), "y": eqopt.scale(-1.0)}, {"a": "x", "b": "y"}
+    )
     assert isinstance(tx, eqopt.Partition)
     updates, _ = tx.update(TREE, tx.init(TREE))
     assert_tree_allclose(updates, {"a": 2 * TREE["a"], "b": -TREE["b"]})

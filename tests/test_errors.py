@@ -22,7 +22,9 @@ def test_gradient_shape_mismatch_names_path():
     opt = eqopt.adam(1e-3) if hasattr(eqopt, "adam") else eqopt.scale_by_adam()
     state = opt.init(model)
     bad = eqx.tree_at(lambda g: g.layers[1].weight, grads_of(model), jnp.ones((3, 3)))
-    with pytest.raises(ValueError, match=r"\.layers\[1\]\.weight.*shape \(3, 3\).*\(2, 4\)"):
+    with pytest.raises(
+        ValueError, match=r"\.layers\[1\]\.weight.*shape \(3, 3\).*\(2, 4\)"
+    ):
         opt.update(bad, state, model)
 
 
@@ -31,14 +33,21 @@ def test_gradient_structure_mismatch_names_path():
     opt = eqopt.scale_by_adam()
     state = opt.init(params)
     with pytest.raises(ValueError, match=r"\['c'\]"):
-        opt.update({"a": jnp.ones(2), "b": jnp.ones(3), "c": jnp.ones(1)}, state, params)
+        opt.update(
+            {"a": jnp.ones(2), "b": jnp.ones(3), "c": jnp.ones(1)}, state, params
+        )
     with pytest.raises(ValueError, match=r"\['b'\]"):
         opt.update({"a": jnp.ones(2)}, state)
 
 
 def test_gradient_for_non_trainable_leaf_names_path():
     model = make_model()
-    grads = eqx.tree_at(lambda g: g.activation, grads_of(model), jnp.ones(()), is_leaf=lambda x: x is None)
+    grads = eqx.tree_at(
+        lambda g: g.activation,
+        grads_of(model),
+        jnp.ones(()),
+        is_leaf=lambda x: x is None,
+    )
     with pytest.raises(ValueError, match=r"\.activation.*not trainable"):
         eqopt.apply_updates(model, grads)
 
@@ -91,7 +100,9 @@ def test_mask_that_selects_nothing():
 
 def test_mask_predicate_returning_a_tree_is_explained():
     params = {"a": jnp.ones(2)}
-    with pytest.raises(ValueError, match=r"per-leaf predicate.*\['a'\]|\['a'\].*per-leaf predicate"):
+    with pytest.raises(
+        ValueError, match=r"per-leaf predicate.*\['a'\]|\['a'\].*per-leaf predicate"
+    ):
         eqopt.masked(eqopt.scale(2.0), lambda p: {"x": True}).init(params)
 
 
@@ -141,4 +152,6 @@ def test_integer_gradient_is_a_type_error():
     with pytest.raises(jaxtyping.TypeCheckError, match="updates"):
         opt.update({"a": jnp.ones(2, jnp.int32)}, opt.init(params))
     with pytest.raises(jaxtyping.TypeCheckError):
-        eqopt.ScaleByAdamState(count=jnp.zeros((), jnp.int32), mu={"a": jnp.ones(2, jnp.int32)}, nu=None)
+        eqopt.ScaleByAdamState(
+            count=jnp.zeros((), jnp.int32), mu={"a": jnp.ones(2, jnp.int32)}, nu=None
+        )

@@ -11,9 +11,18 @@ ROOT = pathlib.Path(__file__).parent.parent
 def test_train_digits_example(tmp_path):
     plot = tmp_path / "digits.png"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "train_digits.py"), "--steps", "300",
-         "--plot", str(plot)],
-        capture_output=True, text=True, timeout=600, check=True,
+        [
+            sys.executable,
+            str(ROOT / "examples" / "train_digits.py"),
+            "--steps",
+            "300",
+            "--plot",
+            str(plot),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
     )
     accuracy = float(re.search(r"held-out accuracy: ([0-9.]+)", result.stdout).group(1))
     assert accuracy >= 0.9, result.stdout

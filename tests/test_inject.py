@@ -478,7 +478,9 @@ def test_wrapped_schedule_matches_optax():
     state, reference_state = ours.init(params), theirs.init(params)
     for _ in range(4):
         updates, state = ours.update(grads, state, params)
-        reference_updates, reference_state = theirs.update(grads, reference_state, params)
+        reference_updates, reference_state = theirs.update(
+            grads, reference_state, params
+        )
         np.testing.assert_allclose(updates["w"], reference_updates["w"], rtol=1e-6)
     wrapped = eqopt.WrappedSchedule(schedule)
     assert float(wrapped(wrapped.update(wrapped.init()))) == pytest.approx(0.05)

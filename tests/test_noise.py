@@ -20,7 +20,11 @@ def _is_none(x):
 
 
 def _tree(dtype):
-    params = {"a": jnp.ones((3, 4), dtype), "b": jnp.zeros(5, dtype), "c": jnp.ones((), dtype)}
+    params = {
+        "a": jnp.ones((3, 4), dtype),
+        "b": jnp.zeros(5, dtype),
+        "c": jnp.ones((), dtype),
+    }
     grads = {"a": jnp.full((3, 4), 0.5, dtype), "b": None, "c": jnp.ones((), dtype)}
     return params, grads
 
@@ -33,19 +37,26 @@ def _assert_same(x, y):
         assert (a is None) == (b is None)
         if a is not None:
             assert a.dtype == b.dtype
-            np.testing.assert_array_equal(np.asarray(a.astype(jnp.complex64)), np.asarray(b.astype(jnp.complex64)))
+            np.testing.assert_array_equal(
+                np.asarray(a.astype(jnp.complex64)), np.asarray(b.astype(jnp.complex64))
+            )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "complex64"])
 def test_add_noise_is_optax_bit_for_bit(dtype):
     params, grads = _tree(jnp.dtype(dtype))
-    tx, reference = eqopt.add_noise(0.1, 0.55, jax.random.key(3)), optax.add_noise(0.1, 0.55, jax.random.key(3))
+    tx, reference = (
+        eqopt.add_noise(0.1, 0.55, jax.random.key(3)),
+        optax.add_noise(0.1, 0.55, jax.random.key(3)),
+    )
     state, reference_state = tx.init(params), reference.init(params)
     for _ in range(3):
         updates, state = tx.update(grads, state)
         reference_updates, reference_state = reference.update(grads, reference_state)
         _assert_same(updates, reference_updates)
-    np.testing.assert_array_equal(state.rng_key, jax.random.key_data(reference_state.rng_key))
+    np.testing.assert_array_equal(
+        state.rng_key, jax.random.key_data(reference_state.rng_key)
+    )
     assert int(state.count) == int(reference_state.count) == 3
 
 
@@ -57,20 +68,32 @@ def test_add_noise_is_optax_bit_for_bit(dtype):
 def test_noisy_sgd_is_optax_for_every_kind_of_key(key):
     params, grads = _tree(jnp.float32)
     # Optax takes a seed or a typed key: a raw key is the data of a default-impl key.
-    reference_key = jax.random.wrap_key_data(key) if isinstance(key, jax.Array) and key.dtype == jnp.uint32 else key
+    reference_key = (
+        jax.random.wrap_key_data(key)
+        if isinstance(key, jax.Array) and key.dtype == jnp.uint32
+        else key
+    )
     tx = eqopt.noisy_sgd(0.1, eta=0.2, key=key)
     reference = optax.noisy_sgd(0.1, eta=0.2, key=reference_key)
     state, reference_state = tx.init(params), reference.init(params)
     for _ in range(2):
         updates, state = tx.update(grads, state, params)
-        reference_updates, reference_state = reference.update(grads, reference_state, params)
+        reference_updates, reference_state = reference.update(
+            grads, reference_state, params
+        )
         _assert_same(updates, reference_updates)
 
 
 def test_seed_is_the_older_name_of_key():
     params, grads = _tree(jnp.float32)
-    by_seed, by_key = eqopt.add_noise(0.1, 0.5, seed=4), eqopt.add_noise(0.1, 0.5, key=4)
-    _assert_same(by_seed.update(grads, by_seed.init(params))[0], by_key.update(grads, by_key.init(params))[0])
+    by_seed, by_key = (
+        eqopt.add_noise(0.1, 0.5, seed=4),
+        eqopt.add_noise(0.1, 0.5, key=4),
+    )
+    _assert_same(
+        by_seed.update(grads, by_seed.init(params))[0],
+        by_key.update(grads, by_key.init(params))[0],
+    )
     assert by_seed.key_impl == by_key.key_impl
     with pytest.raises(ValueError, match="key.*seed"):
         eqopt.add_noise(0.1, 0.5, key=1, seed=1)

@@ -1,7 +1,6 @@
 """Generic tests run over every case of the registry (see registry.py)."""
 
 import io
-from collections.abc import Callable
 
 import equinox as eqx
 import jax
@@ -9,52 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import assert_tree_allclose
-from jaxtyping import Array, Inexact, Int
+from helpers import Model, as_dict, assert_tree_allclose, make_model, random_grads
 from registry import ALL_CASES, build
 
 import eqopt
 
 CASE_IDS = [case.name for case in ALL_CASES]
-
-
-class Model(eqx.Module):
-    """A small model with the leaves Equinox users have: arrays, functions, ints, strings."""
-
-    w: Inexact[Array, "4 3"]
-    b: Inexact[Array, "3"]
-    s: Inexact[Array, ""]
-    indices: Int[Array, "2"]
-    activation: Callable = jax.nn.relu
-    depth: int = 2
-    name: str = "model"
-
-
-def make_model(dtype=jnp.float32, seed=0) -> Model:
-    keys = jax.random.split(jax.random.key(seed), 6)
-
-    def draw(key, shape):
-        if jnp.issubdtype(dtype, jnp.complexfloating):
-            real, imag = jax.random.normal(key, (2, *shape))
-            return (real + 1j * imag).astype(dtype)
-        return jax.random.normal(key, shape).astype(dtype)
-
-    return Model(draw(keys[0], (4, 3)), draw(keys[1], (3,)), draw(keys[2], ()), jnp.array([0, 1]))
-
-
-def as_dict(model: Model) -> dict:
-    return {"w": model.w, "b": model.b, "s": model.s}
-
-
-def random_grads(model: Model, step: int):
-    """Gradients shaped like eqx.filter_grad's output: None at non-trainable leaves."""
-    other = make_model(model.w.dtype, seed=1000 + step)
-    return eqx.tree_at(
-        lambda m: (m.indices, m.activation, m.depth, m.name),
-        other,
-        (None, None, None, None),
-        is_leaf=lambda x: x is None,
-    )
 
 
 def loss(model: Model) -> jax.Array:
@@ -76,7 +35,9 @@ def test_whole_model_init_update(case):
         assert updates.activation is None and updates.indices is None
         assert updates.w.shape == (4, 3) and updates.s.shape == ()
         model = eqopt.apply_updates(model, updates)
-    assert model.activation is jax.nn.relu and model.depth == 2 and model.name == "model"
+    assert (
+        model.activation is jax.nn.relu and model.depth == 2 and model.name == "model"
+    )
     assert model.w.dtype == jnp.float32
 
 
@@ -97,7 +58,8 @@ def test_jit_no_retrace_when_hyperparameter_changes(case):
     model, state = step(tx, model, state)
     leaves, treedef = jax.tree.flatten(tx)
     changed = [
-        leaf * 0.5 if eqx.is_inexact_array(leaf) and leaf.ndim == 0 else leaf for leaf in leaves
+        leaf * 0.5 if eqx.is_inexact_array(leaf) and leaf.ndim == 0 else leaf
+        for leaf in leaves
     ]
     model, state = step(jax.tree.unflatten(treedef, changed), model, state)
     model, state = step(tx, model, state)
@@ -105,8 +67,11 @@ def test_jit_no_retrace_when_hyperparameter_changes(case):
 
 
 def _modules(tree):
-    return [x for x in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, eqx.Module))
-            if isinstance(x, eqx.Module)]
+    return [
+        x
+        for x in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, eqx.Module))
+        if isinstance(x, eqx.Module)
+    ]
 
 
 @pytest.mark.parametrize("case", ALL_CASES, ids=CASE_IDS)
@@ -128,7 +93,9 @@ def test_state_is_typed_module_and_serialises(case):
         for cls in reversed(type(module).__mro__):
             annotations.update(getattr(cls, "__annotations__", {}))
         for field in module.__dataclass_fields__:
-            assert field in annotations, f"{type(module).__name__}.{field} is not annotated"
+            assert field in annotations, (
+                f"{type(module).__name__}.{field} is not annotated"
+            )
 
 
 def _parity_cases():
@@ -173,11 +140,15 @@ def test_elementwise_declared():
     for case in ALL_CASES:
         assert isinstance(build(case.make, make_model()).elementwise, bool), case.name
     # The claim is made where DESIGN §2 says it holds.
-    assert eqopt.scale_by_adam().elementwise and eqopt.clip_by_global_norm(1.0).elementwise
+    assert (
+        eqopt.scale_by_adam().elementwise and eqopt.clip_by_global_norm(1.0).elementwise
+    )
     assert not eqopt.masked(eqopt.scale(1.0), lambda x: x.ndim > 1).elementwise
 
 
-@pytest.mark.parametrize("case", ELEMENTWISE_CASES, ids=[c.name for c in ELEMENTWISE_CASES])
+@pytest.mark.parametrize(
+    "case", ELEMENTWISE_CASES, ids=[c.name for c in ELEMENTWISE_CASES]
+)
 def test_elementwise_claim(case):
     """An elementwise transform gives the same result on leaves and on their concatenation."""
     model = make_model()
@@ -205,7 +176,9 @@ def test_vmap_over_learning_rate_is_one_program():
     grads = eqx.filter_grad(loss)(model)
 
     def run(learning_rate):
-        tx = eqopt.chain(eqopt.scale_by_adam(), eqopt.scale_by_learning_rate(learning_rate))
+        tx = eqopt.chain(
+            eqopt.scale_by_adam(), eqopt.scale_by_learning_rate(learning_rate)
+        )
         updates, _ = tx.update(grads, tx.init(model), model)
         return updates.w
 
@@ -219,7 +192,9 @@ def test_grad_through_learning_rate():
     model = make_model()
 
     def after_step(learning_rate):
-        tx = eqopt.chain(eqopt.scale_by_adam(), eqopt.scale_by_learning_rate(learning_rate))
+        tx = eqopt.chain(
+            eqopt.scale_by_adam(), eqopt.scale_by_learning_rate(learning_rate)
+        )
         grads = eqx.filter_grad(loss)(model)
         updates, _ = tx.update(grads, tx.init(model), model)
         return loss(eqopt.apply_updates(model, updates))
@@ -227,7 +202,9 @@ def test_grad_through_learning_rate():
     learning_rate = 0.01
     derivative = jax.grad(after_step)(learning_rate)
     step = 1e-3
-    numeric = (after_step(learning_rate + step) - after_step(learning_rate - step)) / (2 * step)
+    numeric = (after_step(learning_rate + step) - after_step(learning_rate - step)) / (
+        2 * step
+    )
     assert np.isfinite(derivative)
     np.testing.assert_allclose(derivative, numeric, rtol=1e-2)
 
@@ -244,7 +221,10 @@ def test_adam_complement_rounding():
     np.testing.assert_allclose(float(1 - b2), 1 - 0.999, rtol=2e-5)
     params = {"w": jnp.linspace(-1.0, 1.0, 7)}
     grads = {"w": jnp.linspace(0.3, -2.0, 7)}
-    tx, reference = eqopt.scale_by_adam(b1=0.5, b2=0.75), optax.scale_by_adam(b1=0.5, b2=0.75)
+    tx, reference = (
+        eqopt.scale_by_adam(b1=0.5, b2=0.75),
+        optax.scale_by_adam(b1=0.5, b2=0.75),
+    )
     state, reference_state = tx.init(params), reference.init(params)
     for _ in range(3):
         updates, state = tx.update(grads, state)

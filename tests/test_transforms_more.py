@@ -41,8 +41,13 @@ def test_squared_moments_of_complex_params_are_real(make, moment):
 def test_bfloat16_state_stays_bfloat16():
     params = {"w": jnp.ones((2, 2), jnp.bfloat16)}
     grads = {"w": jnp.full((2, 2), 0.5, jnp.bfloat16)}
-    for tx in (eqopt.scale_by_rms(bias_correction=True), eqopt.scale_by_stddev(), eqopt.scale_by_rss(),
-               eqopt.scale_by_lion(), eqopt.rmsprop(0.1, momentum=0.9)):
+    for tx in (
+        eqopt.scale_by_rms(bias_correction=True),
+        eqopt.scale_by_stddev(),
+        eqopt.scale_by_rss(),
+        eqopt.scale_by_lion(),
+        eqopt.rmsprop(0.1, momentum=0.9),
+    ):
         state = tx.init(params)
         for _ in range(2):
             updates, state = tx.update(grads, state)
@@ -53,7 +58,9 @@ def test_bfloat16_state_stays_bfloat16():
 
 def test_rms_with_bias_correction_is_adam_without_first_moment():
     params = {"w": jnp.linspace(-1.0, 1.0, 6)}
-    rms = eqopt.scale_by_rms(decay=0.75, eps=1e-3, eps_in_sqrt=False, bias_correction=True)
+    rms = eqopt.scale_by_rms(
+        decay=0.75, eps=1e-3, eps_in_sqrt=False, bias_correction=True
+    )
     adam = eqopt.scale_by_adam(b1=0.0, b2=0.75, eps=1e-3)
     rms_state, adam_state = rms.init(params), adam.init(params)
     for step in range(3):
@@ -80,7 +87,9 @@ def test_lion_smooth_on_complex_keeps_the_phase():
     updates, _ = tx.update(grads, tx.init(params))
     g = np.asarray(grads["z"])
     modulus = np.abs(g)
-    expected = np.where(modulus > 0, np.tanh(beta * modulus) * g / np.where(modulus > 0, modulus, 1), 0)
+    expected = np.where(
+        modulus > 0, np.tanh(beta * modulus) * g / np.where(modulus > 0, modulus, 1), 0
+    )
     np.testing.assert_allclose(updates["z"], expected, rtol=1e-6, atol=1e-7)
     # On the real axis it is Optax's tanh; off it, Optax's complex tanh differs.
     reference = optax.scale_by_lion(b1=0.0, mode="smooth", smooth_beta=beta)
@@ -131,7 +140,11 @@ def test_zero_nans_records_where_on_a_whole_model():
     assert bool(state.found_nan.w) and not bool(state.found_nan.b)
     # A leaf without a gradient found no NaN at the last call.
     updates, state = tx.update(Model(jnp.ones((2, 2)), None, None), state)
-    assert updates.b is None and not bool(state.found_nan.w) and not bool(state.found_nan.b)
+    assert (
+        updates.b is None
+        and not bool(state.found_nan.w)
+        and not bool(state.found_nan.b)
+    )
     # jit: found_nan is an array leaf, readable after the step.
     _, state = eqx.filter_jit(tx.update)(grads, state)
     assert bool(state.found_nan.w)
@@ -140,7 +153,9 @@ def test_zero_nans_records_where_on_a_whole_model():
 def test_keep_params_nonnegative():
     params = {"w": jnp.array([1.0, 0.5, 0.0, 2.0])}
     tx = eqopt.keep_params_nonnegative()
-    updates, _ = tx.update({"w": jnp.array([-2.0, 0.25, -1.0, -1.0])}, tx.init(params), params)
+    updates, _ = tx.update(
+        {"w": jnp.array([-2.0, 0.25, -1.0, -1.0])}, tx.init(params), params
+    )
     np.testing.assert_allclose(updates["w"], [-1.0, 0.25, 0.0, -1.0])
     assert np.all(np.asarray(eqopt.apply_updates(params, updates)["w"]) >= 0)
     with pytest.raises(ValueError, match="needs `params`"):
@@ -163,7 +178,9 @@ def test_adam_second_moment_is_real_for_complex_params():
     params = {"w": jnp.array([1.0 + 2.0j, -0.5j])}
     for tx in (eqopt.scale_by_adam(), eqopt.scale_by_amsgrad()):
         state = tx.init(params)
-        assert state.nu["w"].dtype == jnp.float32 and state.mu["w"].dtype == jnp.complex64
+        assert (
+            state.nu["w"].dtype == jnp.float32 and state.mu["w"].dtype == jnp.complex64
+        )
         _, state = tx.update({"w": jnp.array([0.3 - 0.1j, 2.0 + 0.0j])}, state)
         assert state.nu["w"].dtype == jnp.float32
     state = eqopt.scale_by_adam(nu_dtype=jnp.bfloat16).init({"w": jnp.ones(2)})

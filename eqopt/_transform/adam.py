@@ -4,6 +4,7 @@ from typing import Any, no_type_check
 
 import equinox as eqx
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 from jaxtyping import Array, Float, Int
 
 from .._base import (
@@ -14,7 +15,7 @@ from .._base import (
     leafwise,
     zeros_like_trainable,
 )
-from .._hyper import as_scalar, check_decays, check_hyperparameter
+from .._hyper import ScalarLike, as_scalar, check_decays, check_hyperparameter
 from .._numerics import abs_squared, debias, safe_int32_increment
 
 Moments = Updates
@@ -86,9 +87,10 @@ class ScaleByAdam(AbstractGradientTransformation):
     b2: Float[Array, ""] = eqx.field(default=0.999, converter=as_scalar)
     eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
     eps_root: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
-    mu_dtype: Any = eqx.field(default=None, static=True)
-    nu_dtype: Any = eqx.field(default=None, static=True)
+    mu_dtype: DTypeLike | None = eqx.field(default=None, static=True)
+    nu_dtype: DTypeLike | None = eqx.field(default=None, static=True)
     nesterov: bool = eqx.field(default=False, static=True)
+
     @property
     def elementwise(self) -> bool:
         return True
@@ -105,9 +107,13 @@ class ScaleByAdam(AbstractGradientTransformation):
             nu=_second_moment_zeros(params, self.nu_dtype),
         )
 
-    def update(self, updates: Updates, state: ScaleByAdamState,
-               params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, ScaleByAdamState]:
+    def update(
+        self,
+        updates: Updates,
+        state: ScaleByAdamState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, ScaleByAdamState]:
         b1, b2, eps, eps_root = self.b1, self.b2, self.eps, self.eps_root
         count = safe_int32_increment(state.count)
         # Scalars computed once per step, not once per leaf.
@@ -122,29 +128,43 @@ class ScaleByAdam(AbstractGradientTransformation):
             mu = one_minus_b1 * g + b1 * mu
             nu = one_minus_b2 * abs_squared(g) + b2 * nu
             if self.nesterov:
-                mu_hat = b1 * debias(mu, next_correction1) + debias(one_minus_b1 * g, correction1)
+                mu_hat = b1 * debias(mu, next_correction1) + debias(
+                    one_minus_b1 * g, correction1
+                )
             else:
                 mu_hat = debias(mu, correction1)
             nu_hat = debias(nu, correction2)
             update = mu_hat / (jnp.sqrt(nu_hat + eps_root) + eps)
-            return update, _cast(mu, self.mu_dtype or mu_dtype), _cast(nu, self.nu_dtype or nu_dtype)
+            return (
+                update,
+                _cast(mu, self.mu_dtype or mu_dtype),
+                _cast(nu, self.nu_dtype or nu_dtype),
+            )
 
         updates, mu, nu = leafwise(step, updates, state.mu, state.nu, n_out=3)
         return updates, ScaleByAdamState(count=count, mu=mu, nu=nu)
 
 
 def scale_by_adam(
-    b1: Any = 0.9,
-    b2: Any = 0.999,
-    eps: Any = 1e-8,
-    eps_root: Any = 0.0,
-    mu_dtype: Any = None,
+    b1: ScalarLike = 0.9,
+    b2: ScalarLike = 0.999,
+    eps: ScalarLike = 1e-8,
+    eps_root: ScalarLike = 0.0,
+    mu_dtype: DTypeLike | None = None,
     *,
     nesterov: bool = False,
-    nu_dtype: Any = None,
+    nu_dtype: DTypeLike | None = None,
 ) -> ScaleByAdam:
     """Optax spelling of [`eqopt.ScaleByAdam`][] (`nu_dtype` is eqopt's addition)."""
-    return ScaleByAdam(b1, b2, eps, eps_root, mu_dtype, nu_dtype, nesterov)
+    return ScaleByAdam(
+        b1=b1,
+        b2=b2,
+        eps=eps,
+        eps_root=eps_root,
+        mu_dtype=mu_dtype,
+        nu_dtype=nu_dtype,
+        nesterov=nesterov,
+    )
 
 
 class ScaleByAmsgradState(eqx.Module):
@@ -179,9 +199,10 @@ class ScaleByAmsgrad(AbstractGradientTransformation):
     b2: Float[Array, ""] = eqx.field(default=0.999, converter=as_scalar)
     eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
     eps_root: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
-    mu_dtype: Any = eqx.field(default=None, static=True)
+    mu_dtype: DTypeLike | None = eqx.field(default=None, static=True)
     bias_correction_mu: bool = eqx.field(default=True, static=True)
     bias_correction_nu: bool = eqx.field(default=True, static=True)
+
     @property
     def elementwise(self) -> bool:
         return True
@@ -199,9 +220,13 @@ class ScaleByAmsgrad(AbstractGradientTransformation):
             nu_max=full_like_trainable_real(params, 0.0),
         )
 
-    def update(self, updates: Updates, state: ScaleByAmsgradState,
-               params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, ScaleByAmsgradState]:
+    def update(
+        self,
+        updates: Updates,
+        state: ScaleByAmsgradState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, ScaleByAmsgradState]:
         b1, b2, eps, eps_root = self.b1, self.b2, self.eps, self.eps_root
         count = safe_int32_increment(state.count)
 
@@ -226,16 +251,24 @@ class ScaleByAmsgrad(AbstractGradientTransformation):
 
 
 def scale_by_amsgrad(
-    b1: Any = 0.9,
-    b2: Any = 0.999,
-    eps: Any = 1e-8,
-    eps_root: Any = 0.0,
-    mu_dtype: Any = None,
+    b1: ScalarLike = 0.9,
+    b2: ScalarLike = 0.999,
+    eps: ScalarLike = 1e-8,
+    eps_root: ScalarLike = 0.0,
+    mu_dtype: DTypeLike | None = None,
     bias_correction_mu: bool = True,
     bias_correction_nu: bool = True,
 ) -> ScaleByAmsgrad:
     """Optax spelling of [`eqopt.ScaleByAmsgrad`][]."""
-    return ScaleByAmsgrad(b1, b2, eps, eps_root, mu_dtype, bias_correction_mu, bias_correction_nu)
+    return ScaleByAmsgrad(
+        b1=b1,
+        b2=b2,
+        eps=eps,
+        eps_root=eps_root,
+        mu_dtype=mu_dtype,
+        bias_correction_mu=bias_correction_mu,
+        bias_correction_nu=bias_correction_nu,
+    )
 
 
 class ScaleByAdamaxState(eqx.Module):
@@ -267,6 +300,7 @@ class ScaleByAdamax(AbstractGradientTransformation):
     b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
     b2: Float[Array, ""] = eqx.field(default=0.999, converter=as_scalar)
     eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
+
     @property
     def elementwise(self) -> bool:
         return True
@@ -282,9 +316,13 @@ class ScaleByAdamax(AbstractGradientTransformation):
             nu=zeros_like_trainable(params),
         )
 
-    def update(self, updates: Updates, state: ScaleByAdamaxState,
-               params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, ScaleByAdamaxState]:
+    def update(
+        self,
+        updates: Updates,
+        state: ScaleByAdamaxState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, ScaleByAdamaxState]:
         b1, b2, eps = self.b1, self.b2, self.eps
         count = safe_int32_increment(state.count)
 
@@ -300,6 +338,8 @@ class ScaleByAdamax(AbstractGradientTransformation):
         return updates, ScaleByAdamaxState(count=count, mu=mu, nu=nu)
 
 
-def scale_by_adamax(b1: Any = 0.9, b2: Any = 0.999, eps: Any = 1e-8) -> ScaleByAdamax:
+def scale_by_adamax(
+    b1: ScalarLike = 0.9, b2: ScalarLike = 0.999, eps: ScalarLike = 1e-8
+) -> ScaleByAdamax:
     """Optax spelling of [`eqopt.ScaleByAdamax`][]."""
-    return ScaleByAdamax(b1, b2, eps)
+    return ScaleByAdamax(b1=b1, b2=b2, eps=eps)

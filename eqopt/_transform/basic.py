@@ -44,8 +44,13 @@ class Identity(AbstractGradientTransformation):
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
-    def update(self, updates: Updates, state: EmptyState, params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, EmptyState]:
+    def update(
+        self,
+        updates: Updates,
+        state: EmptyState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, EmptyState]:
         return updates, state
 
 
@@ -67,8 +72,13 @@ class SetToZero(AbstractGradientTransformation):
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
-    def update(self, updates: Updates, state: EmptyState, params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, EmptyState]:
+    def update(
+        self,
+        updates: Updates,
+        state: EmptyState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, EmptyState]:
         return leafwise(jnp.zeros_like, updates), state
 
 
@@ -95,6 +105,7 @@ class Stateless(AbstractGradientTransformation):
     """
 
     f: Callable[[Updates, Params | None], Updates]
+
     @property
     def elementwise(self) -> bool:
         return False
@@ -102,8 +113,13 @@ class Stateless(AbstractGradientTransformation):
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
-    def update(self, updates: Updates, state: EmptyState, params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, EmptyState]:
+    def update(
+        self,
+        updates: Updates,
+        state: EmptyState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, EmptyState]:
         return self.f(updates, params), state
 
 
@@ -124,6 +140,7 @@ class StatelessWithTreeMap(AbstractGradientTransformation):
     """
 
     f: Callable[[Array, Any], Array]
+
     @property
     def elementwise(self) -> bool:
         return False
@@ -131,8 +148,13 @@ class StatelessWithTreeMap(AbstractGradientTransformation):
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
-    def update(self, updates: Updates, state: EmptyState, params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, EmptyState]:
+    def update(
+        self,
+        updates: Updates,
+        state: EmptyState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, EmptyState]:
         if params is None:
             return leafwise(lambda g: self.f(g, None), updates), state
         params = jax.tree.map(lambda u, p: p, updates, params, is_leaf=is_none)
@@ -181,6 +203,7 @@ class Scale(AbstractGradientTransformation):
     """
 
     step_size: Float[Array, ""] = eqx.field(converter=as_scalar)
+
     @property
     def elementwise(self) -> bool:
         return True
@@ -191,8 +214,13 @@ class Scale(AbstractGradientTransformation):
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
-    def update(self, updates: Updates, state: EmptyState, params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, EmptyState]:
+    def update(
+        self,
+        updates: Updates,
+        state: EmptyState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, EmptyState]:
         return leafwise(lambda g: _scale_leaf(g, self.step_size), updates), state
 
 
@@ -212,6 +240,7 @@ class ScaleBySchedule(AbstractGradientTransformation):
     """
 
     step_size_fn: Callable
+
     @property
     def elementwise(self) -> bool:
         return True
@@ -219,9 +248,13 @@ class ScaleBySchedule(AbstractGradientTransformation):
     def init(self, params: Params) -> ScaleByScheduleState:
         return ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
 
-    def update(self, updates: Updates, state: ScaleByScheduleState,
-               params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, ScaleByScheduleState]:
+    def update(
+        self,
+        updates: Updates,
+        state: ScaleByScheduleState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, ScaleByScheduleState]:
         step_size = jnp.asarray(self.step_size_fn(state.count))
         updates = leafwise(lambda g: jnp.asarray(step_size, dtype=g.dtype) * g, updates)
         return updates, ScaleByScheduleState(count=safe_int32_increment(state.count))
@@ -249,8 +282,11 @@ class ScaleByLearningRate(AbstractGradientTransformation):
     - `flip_sign`: negate, so that adding the updates descends (default `True`).
     """
 
-    learning_rate: Scalar | Schedule | None = eqx.field(default=None, converter=as_optional_scalar_or_schedule)
+    learning_rate: Scalar | Schedule | None = eqx.field(
+        default=None, converter=as_optional_scalar_or_schedule
+    )
     flip_sign: bool = eqx.field(default=True, static=True)
+
     @property
     def elementwise(self) -> bool:
         return True
@@ -261,15 +297,22 @@ class ScaleByLearningRate(AbstractGradientTransformation):
     def init(self, params: Params) -> OptState:
         return init_count_if_scheduled(self.learning_rate)
 
-    def update(self, updates: Updates, state: OptState, params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, OptState]:
+    def update(
+        self,
+        updates: Updates,
+        state: OptState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, OptState]:
         if self.learning_rate is None:
             return updates, state
         sign = -1 if self.flip_sign else 1
         learning_rate, new_state = current_value(self.learning_rate, state)
         step_size = sign * learning_rate
         if callable(self.learning_rate):
-            updates = leafwise(lambda g: jnp.asarray(step_size, dtype=g.dtype) * g, updates)
+            updates = leafwise(
+                lambda g: jnp.asarray(step_size, dtype=g.dtype) * g, updates
+            )
         else:
             updates = leafwise(lambda g: _scale_leaf(g, step_size), updates)
         return updates, new_state

@@ -28,6 +28,7 @@ class Clip(AbstractGradientTransformation):
     """
 
     max_delta: Float[Array, ""] = eqx.field(converter=as_scalar)
+
     @property
     def elementwise(self) -> bool:
         return True
@@ -38,8 +39,13 @@ class Clip(AbstractGradientTransformation):
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
-    def update(self, updates: Updates, state: EmptyState, params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, EmptyState]:
+    def update(
+        self,
+        updates: Updates,
+        state: EmptyState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, EmptyState]:
         max_delta = self.max_delta
         return leafwise(lambda g: jnp.clip(g, -max_delta, max_delta), updates), state
 
@@ -67,6 +73,7 @@ class ClipByGlobalNorm(AbstractGradientTransformation):
     """
 
     max_norm: Float[Array, ""] = eqx.field(converter=as_scalar)
+
     @property
     def elementwise(self) -> bool:
         return True
@@ -77,8 +84,13 @@ class ClipByGlobalNorm(AbstractGradientTransformation):
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
-    def update(self, updates: Updates, state: EmptyState, params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, EmptyState]:
+    def update(
+        self,
+        updates: Updates,
+        state: EmptyState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, EmptyState]:
         norm = global_norm(updates)
         within = norm < self.max_norm
         max_norm = self.max_norm

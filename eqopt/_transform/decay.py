@@ -40,7 +40,9 @@ class AddDecayedWeights(AbstractGradientTransformation):
     Regularization*, ICLR 2019.
     """
 
-    weight_decay: Scalar | Schedule = eqx.field(default=0.0, converter=as_scalar_or_schedule)
+    weight_decay: Scalar | Schedule = eqx.field(
+        default=0.0, converter=as_scalar_or_schedule
+    )
     mask: FilterSpec | None = None
 
     def __check_init__(self):
@@ -53,11 +55,18 @@ class AddDecayedWeights(AbstractGradientTransformation):
 
     def init(self, params: Params) -> OptState:
         if self.mask is not None:
-            check_selects_something(select_trainable(self.mask, params), "weight-decay mask")
+            check_selects_something(
+                select_trainable(self.mask, params), "weight-decay mask"
+            )
         return init_count_if_scheduled(self.weight_decay)
 
-    def update(self, updates: Updates, state: OptState, params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, OptState]:
+    def update(
+        self,
+        updates: Updates,
+        state: OptState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, OptState]:
         if params is None:
             raise ValueError(
                 "add_decayed_weights needs `params`: call `update(updates, state, params)`."
@@ -68,10 +77,14 @@ class AddDecayedWeights(AbstractGradientTransformation):
         mask = select_trainable(self.mask, params, what="weight-decay mask")
         return leafwise(
             lambda g, p, selected: g + weight_decay * p if selected else g,
-            updates, params, mask,
+            updates,
+            params,
+            mask,
         ), state
 
 
-def add_decayed_weights(weight_decay: ScalarOrSchedule = 0.0, mask: FilterSpec | None = None) -> AddDecayedWeights:
+def add_decayed_weights(
+    weight_decay: ScalarOrSchedule = 0.0, mask: FilterSpec | None = None
+) -> AddDecayedWeights:
     """Optax spelling of [`eqopt.AddDecayedWeights`][]."""
     return AddDecayedWeights(weight_decay, mask)

@@ -51,8 +51,13 @@ class Centralize(AbstractGradientTransformation):
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
-    def update(self, updates: Updates, state: EmptyState, params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, EmptyState]:
+    def update(
+        self,
+        updates: Updates,
+        state: EmptyState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, EmptyState]:
         return leafwise(_subtract_mean, updates), state
 
 
@@ -94,9 +99,13 @@ class ZeroNans(AbstractGradientTransformation):
             )
         )
 
-    def update(self, updates: Updates, state: ZeroNansState,
-               params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, ZeroNansState]:
+    def update(
+        self,
+        updates: Updates,
+        state: ZeroNansState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, ZeroNansState]:
         if jax.tree.structure(updates, is_leaf=is_none) != jax.tree.structure(
             state.found_nan, is_leaf=is_none
         ):
@@ -105,10 +114,14 @@ class ZeroNans(AbstractGradientTransformation):
             )
         new_updates = leafwise(lambda g: jnp.where(jnp.isnan(g), 0, g), updates)
         found_nan = jax.tree.map(
-            lambda g, found: None if found is None else (
-                jnp.array(False) if g is None else jnp.any(jnp.isnan(g))
+            lambda g, found: (
+                None
+                if found is None
+                else (jnp.array(False) if g is None else jnp.any(jnp.isnan(g)))
             ),
-            updates, state.found_nan, is_leaf=is_none,
+            updates,
+            state.found_nan,
+            is_leaf=is_none,
         )
         return new_updates, ZeroNansState(found_nan=found_nan)
 
@@ -138,19 +151,28 @@ class KeepParamsNonnegative(AbstractGradientTransformation):
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
-    def update(self, updates: Updates, state: EmptyState, params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, EmptyState]:
+    def update(
+        self,
+        updates: Updates,
+        state: EmptyState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, EmptyState]:
         if params is None:
             raise ValueError(
                 "keep_params_nonnegative needs `params`: call `update(updates, state, params)`."
             )
-        for path, leaf in zip(_paths(params), jax.tree.leaves(params, is_leaf=is_none), strict=True):
+        for path, leaf in zip(
+            _paths(params), jax.tree.leaves(params, is_leaf=is_none), strict=True
+        ):
             if is_trainable(leaf) and jnp.iscomplexobj(leaf):
                 raise ValueError(
                     f"keep_params_nonnegative needs real parameters; the one at {path} is "
                     f"{leaf.dtype}."
                 )
-        return leafwise(lambda g, p: jnp.where(p + g < 0, -p, g), updates, params), state
+        return leafwise(
+            lambda g, p: jnp.where(p + g < 0, -p, g), updates, params
+        ), state
 
 
 def keep_params_nonnegative() -> KeepParamsNonnegative:

@@ -43,6 +43,7 @@ class Trace(AbstractGradientTransformation):
     decay: Float[Array, ""] = eqx.field(converter=as_scalar)
     nesterov: bool = eqx.field(default=False, static=True)
     accumulator_dtype: Any = eqx.field(default=None, static=True)
+
     @property
     def elementwise(self) -> bool:
         return True
@@ -53,8 +54,13 @@ class Trace(AbstractGradientTransformation):
     def init(self, params: Params) -> TraceState:
         return TraceState(trace=zeros_like_trainable(params, self.accumulator_dtype))
 
-    def update(self, updates: Updates, state: TraceState, params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, TraceState]:
+    def update(
+        self,
+        updates: Updates,
+        state: TraceState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, TraceState]:
         decay = self.decay
 
         @no_type_check
@@ -95,12 +101,15 @@ class Ema(AbstractGradientTransformation):
     decay: Float[Array, ""] = eqx.field(converter=as_scalar)
     debias: bool = eqx.field(default=True, static=True)
     accumulator_dtype: Any = eqx.field(default=None, static=True)
+
     @property
     def elementwise(self) -> bool:
         return True
 
     def __check_init__(self):
-        check_hyperparameter("decay", self.decay, low=0.0, high=1.0, high_inclusive=True)
+        check_hyperparameter(
+            "decay", self.decay, low=0.0, high=1.0, high_inclusive=True
+        )
 
     def init(self, params: Params) -> EmaState:
         return EmaState(
@@ -108,8 +117,13 @@ class Ema(AbstractGradientTransformation):
             ema=zeros_like_trainable(params, self.accumulator_dtype),
         )
 
-    def update(self, updates: Updates, state: EmaState, params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, EmaState]:
+    def update(
+        self,
+        updates: Updates,
+        state: EmaState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, EmaState]:
         decay = self.decay
         count = safe_int32_increment(state.count)
 

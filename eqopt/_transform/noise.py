@@ -26,7 +26,9 @@ def _key_data_and_impl(key: Any) -> tuple[Array, str | None]:
         key = jax.random.key(int(key))
     if isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         if key.shape != ():
-            raise ValueError(f"`key` must be a single PRNG key, got an array of shape {key.shape}.")
+            raise ValueError(
+                f"`key` must be a single PRNG key, got an array of shape {key.shape}."
+            )
         return jax.random.key_data(key), str(jax.random.key_impl(key))
     if eqx.is_array(key) and key.dtype == jnp.uint32 and key.ndim == 1:
         return key, None
@@ -79,6 +81,7 @@ class AddNoise(AbstractGradientTransformation):
     gamma: Float[Array, ""] = eqx.field(converter=as_scalar)
     key: UInt32[Array, " key_data"]
     key_impl: str | None = eqx.field(static=True)
+
     @property
     def elementwise(self) -> bool:
         return False
@@ -100,9 +103,13 @@ class AddNoise(AbstractGradientTransformation):
     def init(self, params: Params) -> AddNoiseState:
         return AddNoiseState(count=jnp.zeros([], jnp.int32), rng_key=self.key)
 
-    def update(self, updates: Updates, state: AddNoiseState,
-               params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, AddNoiseState]:
+    def update(
+        self,
+        updates: Updates,
+        state: AddNoiseState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, AddNoiseState]:
         count = safe_int32_increment(state.count)
         deviation = jnp.sqrt(self.eta / count**self.gamma)
         next_key, sample_key = jax.random.split(self._wrap(state.rng_key))
@@ -121,7 +128,9 @@ class AddNoise(AbstractGradientTransformation):
         return new_updates, state
 
 
-def add_noise(eta: Any, gamma: Any, key: Any = None, *, seed: int | None = None) -> AddNoise:
+def add_noise(
+    eta: Any, gamma: Any, key: Any = None, *, seed: int | None = None
+) -> AddNoise:
     """Optax spelling of [`eqopt.AddNoise`][].
 
     `seed` is Optax's older name for an integer `key`; give one or the other.

@@ -72,6 +72,7 @@ class ScaleByRms(AbstractGradientTransformation):
     initial_scale: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
     eps_in_sqrt: bool = eqx.field(default=True, static=True)
     bias_correction: bool = eqx.field(default=False, static=True)
+
     @property
     def elementwise(self) -> bool:
         return True
@@ -87,9 +88,13 @@ class ScaleByRms(AbstractGradientTransformation):
             nu=full_like_trainable_real(params, self.initial_scale),
         )
 
-    def update(self, updates: Updates, state: ScaleByRmsState,
-               params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, ScaleByRmsState]:
+    def update(
+        self,
+        updates: Updates,
+        state: ScaleByRmsState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, ScaleByRmsState]:
         decay, eps = self.decay, self.eps
         count = safe_int32_increment(state.count)
 
@@ -99,7 +104,9 @@ class ScaleByRms(AbstractGradientTransformation):
         def step(g, nu):
             new_nu = one_minus_decay * abs_squared(g) + decay * nu
             nu_hat = debias(new_nu, correction) if self.bias_correction else new_nu
-            return _inverse_root(nu_hat, eps, self.eps_in_sqrt) * g, new_nu.astype(nu.dtype)
+            return _inverse_root(nu_hat, eps, self.eps_in_sqrt) * g, new_nu.astype(
+                nu.dtype
+            )
 
         updates, nu = leafwise(step, updates, state.nu, n_out=2)
         return updates, ScaleByRmsState(count=count, nu=nu)
@@ -158,6 +165,7 @@ class ScaleByStddev(AbstractGradientTransformation):
     initial_scale: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
     eps_in_sqrt: bool = eqx.field(default=True, static=True)
     bias_correction: bool = eqx.field(default=False, static=True)
+
     @property
     def elementwise(self) -> bool:
         return True
@@ -174,9 +182,13 @@ class ScaleByStddev(AbstractGradientTransformation):
             nu=full_like_trainable_real(params, self.initial_scale),
         )
 
-    def update(self, updates: Updates, state: ScaleByStddevState,
-               params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, ScaleByStddevState]:
+    def update(
+        self,
+        updates: Updates,
+        state: ScaleByStddevState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, ScaleByStddevState]:
         decay, eps = self.decay, self.eps
         count = safe_int32_increment(state.count)
 
@@ -235,8 +247,11 @@ class ScaleByRss(AbstractGradientTransformation):
     Online Learning and Stochastic Optimization*, JMLR 12, 2011.
     """
 
-    initial_accumulator_value: Float[Array, ""] = eqx.field(default=0.1, converter=as_scalar)
+    initial_accumulator_value: Float[Array, ""] = eqx.field(
+        default=0.1, converter=as_scalar
+    )
     eps: Float[Array, ""] = eqx.field(default=1e-7, converter=as_scalar)
+
     @property
     def elementwise(self) -> bool:
         return True
@@ -249,12 +264,18 @@ class ScaleByRss(AbstractGradientTransformation):
 
     def init(self, params: Params) -> ScaleByRssState:
         return ScaleByRssState(
-            sum_of_squares=full_like_trainable_real(params, self.initial_accumulator_value)
+            sum_of_squares=full_like_trainable_real(
+                params, self.initial_accumulator_value
+            )
         )
 
-    def update(self, updates: Updates, state: ScaleByRssState,
-               params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, ScaleByRssState]:
+    def update(
+        self,
+        updates: Updates,
+        state: ScaleByRssState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, ScaleByRssState]:
         eps = self.eps
 
         @no_type_check

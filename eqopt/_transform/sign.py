@@ -36,8 +36,13 @@ class ScaleBySign(AbstractGradientTransformation):
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
-    def update(self, updates: Updates, state: EmptyState, params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, EmptyState]:
+    def update(
+        self,
+        updates: Updates,
+        state: EmptyState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, EmptyState]:
         return leafwise(jnp.sign, updates), state
 
 
@@ -105,18 +110,23 @@ class ScaleByLion(AbstractGradientTransformation):
     mu_dtype: Any = eqx.field(default=None, static=True)
     mode: Literal["hard", "smooth", "refined"] = eqx.field(default="hard", static=True)
     smooth_beta: Float[Array, ""] = eqx.field(default=1.0, converter=as_scalar)
+
     @property
     def elementwise(self) -> bool:
         return True
 
     def __check_init__(self):
         for name in ("b1", "b2"):
-            check_hyperparameter(name, getattr(self, name), low=0.0, high=1.0, high_inclusive=True)
+            check_hyperparameter(
+                name, getattr(self, name), low=0.0, high=1.0, high_inclusive=True
+            )
         if self.mode not in ("hard", "smooth", "refined"):
             raise ValueError(
                 f"`mode` must be 'hard', 'smooth' or 'refined', got {self.mode!r}."
             )
-        check_hyperparameter("smooth_beta", self.smooth_beta, low=0.0, low_inclusive=False)
+        check_hyperparameter(
+            "smooth_beta", self.smooth_beta, low=0.0, low_inclusive=False
+        )
 
     def _sign(self, c):
         if self.mode == "smooth":
@@ -127,12 +137,17 @@ class ScaleByLion(AbstractGradientTransformation):
 
     def init(self, params: Params) -> ScaleByLionState:
         return ScaleByLionState(
-            count=jnp.zeros([], jnp.int32), mu=zeros_like_trainable(params, self.mu_dtype)
+            count=jnp.zeros([], jnp.int32),
+            mu=zeros_like_trainable(params, self.mu_dtype),
         )
 
-    def update(self, updates: Updates, state: ScaleByLionState,
-               params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, ScaleByLionState]:
+    def update(
+        self,
+        updates: Updates,
+        state: ScaleByLionState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, ScaleByLionState]:
         b1, b2 = self.b1, self.b2
         one_minus_b1, one_minus_b2 = 1 - b1, 1 - b2
 

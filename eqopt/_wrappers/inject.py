@@ -393,12 +393,16 @@ def _sorted_arguments(
     )
 
 
-def _build_inner(transform: Any, values: Mapping[str, Any]) -> AbstractGradientTransformation:
+def _build_inner(
+    transform: Any, values: Mapping[str, Any]
+) -> AbstractGradientTransformation:
     """The inner transform built with the current hyperparameter values."""
     return _call_factory(transform.inner_factory, {**transform.other_args, **values})
 
 
-def _unscheduled_values(transform: Any, hyperparams: Mapping[str, Any], dtype: Any) -> dict:
+def _unscheduled_values(
+    transform: Any, hyperparams: Mapping[str, Any], dtype: Any
+) -> dict:
     """The values in `state.hyperparams` that no schedule overrides, checked and cast."""
     _check_state_names(transform, hyperparams)
     return {

@@ -73,8 +73,13 @@ class Masked(AbstractGradientTransformation):
         check_selects_something(selection)
         return MaskedState(self.inner.init(keep_selected(params, selection)))
 
-    def update(self, updates: Updates, state: MaskedState, params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, MaskedState]:
+    def update(
+        self,
+        updates: Updates,
+        state: MaskedState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, MaskedState]:
         selection = self._selection(updates if params is None else params)
         inner_updates, inner_state = self.inner.update(
             keep_selected(updates, selection),
@@ -82,10 +87,14 @@ class Masked(AbstractGradientTransformation):
             None if params is None else keep_selected(params, selection),
             **extra_args,
         )
-        return merge_selected(inner_updates, updates, selection), MaskedState(inner_state)
+        return merge_selected(inner_updates, updates, selection), MaskedState(
+            inner_state
+        )
 
 
-def masked(inner: Any, mask: FilterSpec, *, mask_compatible_extra_args: bool = False) -> Masked:
+def masked(
+    inner: Any, mask: FilterSpec, *, mask_compatible_extra_args: bool = False
+) -> Masked:
     """Optax spelling of [`eqopt.Masked`][].
 
     `mask_compatible_extra_args` is accepted for Optax compatibility: eqopt
@@ -135,18 +144,29 @@ class SelectiveTransform(AbstractGradientTransformation):
         return Masked(self.optimizer, trained)
 
     def init(self, params: Params) -> OptState:
-        check_selects_something(select_trainable(self.freeze_mask, params), "freeze mask")
+        check_selects_something(
+            select_trainable(self.freeze_mask, params), "freeze mask"
+        )
         return self._trained(params).init(params)
 
-    def update(self, updates: Updates, state: OptState, params: Params | None = None,
-               **extra_args: Any) -> tuple[Updates, OptState]:
+    def update(
+        self,
+        updates: Updates,
+        state: OptState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, OptState]:
         reference = updates if params is None else params
         frozen = select_trainable(self.freeze_mask, reference, what="freeze mask")
-        updates, state = self._trained(reference).update(updates, state, params, **extra_args)
+        updates, state = self._trained(reference).update(
+            updates, state, params, **extra_args
+        )
         zeros, _ = SetToZero().update(keep_selected(updates, frozen), EmptyState())
         return merge_selected(zeros, updates, frozen), state
 
 
-def selective_transform(optimizer: Any, *, freeze_mask: FilterSpec) -> SelectiveTransform:
+def selective_transform(
+    optimizer: Any, *, freeze_mask: FilterSpec
+) -> SelectiveTransform:
     """Optax spelling of [`eqopt.SelectiveTransform`][]."""
     return SelectiveTransform(optimizer, freeze_mask)

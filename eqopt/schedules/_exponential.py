@@ -79,7 +79,9 @@ class ExponentialDecaySchedule(AbstractSchedule):
     decay_rate: Float[Array, ""] = eqx.field(converter=as_scalar)
     transition_begin: int = static_steps(default=0)
     staircase: bool = eqx.field(static=True, default=False)
-    end_value: Float[Array, ""] | None = eqx.field(default=None, converter=as_optional_scalar)
+    end_value: Float[Array, ""] | None = eqx.field(
+        default=None, converter=as_optional_scalar
+    )
 
     def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
         return _exponential_decay(
@@ -158,7 +160,9 @@ class WarmupExponentialDecaySchedule(AbstractSchedule):
     decay_rate: Float[Array, ""] = eqx.field(converter=as_scalar)
     transition_begin: int = static_steps(default=0)
     staircase: bool = eqx.field(static=True, default=False)
-    end_value: Float[Array, ""] | None = eqx.field(default=None, converter=as_optional_scalar)
+    end_value: Float[Array, ""] | None = eqx.field(
+        default=None, converter=as_optional_scalar
+    )
 
     def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
         warmup = _linear(self.init_value, self.peak_value, self.warmup_steps, 0, count)

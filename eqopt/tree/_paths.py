@@ -21,7 +21,6 @@ from .._base import is_none as is_none, path_str as path_str
 KeyPath: TypeAlias = tuple[Any, ...]
 
 
-
 def describe(x: Any) -> str:
     """A short description of a subtree, for error messages."""
     if x is None:

@@ -95,8 +95,6 @@ def get_all_with_path(
     ]
 
 
-
-
 def get(
     tree: PyTree, key: Any, default: Any = None, filtering: Filtering | None = None
 ) -> Any:
