@@ -57,6 +57,7 @@ with _jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
         partition as partition,
     )
     from ._filters import FilterSpec as FilterSpec
+    from ._fused._pack import Packed as Packed, pack as pack
     from ._hyper import ScalarOrSchedule as ScalarOrSchedule
     from ._linalg import (
         matrix_inverse_pth_root as matrix_inverse_pth_root,

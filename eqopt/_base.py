@@ -3,7 +3,8 @@
 import abc
 import inspect
 from collections.abc import Callable
-from typing import Any, TypeAlias, no_type_check
+import functools
+from typing import Any, ClassVar, TypeAlias, no_type_check
 
 import equinox as eqx
 import jax
@@ -11,7 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import ArrayLike, PyTree
 
+from ._fused._pack import contains_packed, repack_like, unpack_all
 from ._hyper import check_fields
+from ._leaves import is_none as is_none, is_trainable as is_trainable
 
 #: Parameters: any pytree, typically a whole Equinox model. Its inexact arrays are trainable.
 Params: TypeAlias = PyTree[Any]
@@ -37,18 +40,6 @@ class InexactTree(metaclass=_InexactTreeMeta):
 Updates: TypeAlias = InexactTree
 #: An optimiser state: an `eqx.Module` for eqopt's own transforms, any pytree otherwise.
 OptState: TypeAlias = PyTree[Any]
-
-
-# Called once per leaf (often as `is_leaf`): exempt from the type-check wrapper.
-@no_type_check
-def is_none(x: Any) -> bool:
-    return x is None
-
-
-@no_type_check
-def is_trainable(x: Any) -> bool:
-    """Whether a leaf is trained: an inexact (floating or complex) JAX array."""
-    return eqx.is_inexact_array(x)
 
 
 # ---------------------------------------------------------------------------
@@ -123,6 +114,18 @@ def check_updates(
     """
     leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
     reference_leaves, reference_treedef = jax.tree.flatten(reference, is_leaf=is_none)
+    if treedef != reference_treedef and contains_packed(updates) != contains_packed(
+        reference
+    ):
+        packed, plain = (
+            (name, reference_name)
+            if contains_packed(updates)
+            else (reference_name, name)
+        )
+        raise ValueError(
+            f"`{packed}` is packed (`eqopt.pack`) but `{plain}` is not: pass the packed "
+            "model wherever its packed gradients go, or unpack both."
+        )
     if treedef != reference_treedef:
         raise ValueError(
             structure_mismatch_message(updates, reference, name, reference_name)
@@ -180,6 +183,30 @@ def pretty(module: eqx.Module) -> str:
     return eqx.tree_pformat(jax.tree.map(_readable, module))
 
 
+def _unpacking_init(method: Callable) -> Callable:
+    @functools.wraps(method)
+    def init(self, params):
+        if not self.elementwise and contains_packed(params):
+            return method(self, unpack_all(params))
+        return method(self, params)
+
+    return init
+
+
+def _unpacking_update(method: Callable) -> Callable:
+    @functools.wraps(method)
+    def update(self, updates, state, params=None, **extra_args):
+        if not self.elementwise and contains_packed(updates, params):
+            reference = updates if contains_packed(updates) else params
+            updates, state = method(
+                self, unpack_all(updates), state, unpack_all(params), **extra_args
+            )
+            return repack_like(reference, updates), state
+        return method(self, updates, state, params, **extra_args)
+
+    return update
+
+
 class AbstractGradientTransformation(eqx.Module):
     """The protocol every eqopt transform, wrapper, combinator and optimiser follows.
 
@@ -207,6 +234,21 @@ class AbstractGradientTransformation(eqx.Module):
     `jax.jit(tx.update)` and a transform as a static argument work; under
     `eqx.filter_jit` their array leaves stay dynamic as for any Module.
     """
+
+    #: Whether `init`/`update` take packed params ([`eqopt.pack`][]) as they are.
+    #: Otherwise a transform that is not elementwise sees the unpacked model,
+    #: so per-leaf computations stay per leaf. Combinators that only pass the
+    #: trees on to their parts set this.
+    handles_packed: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("handles_packed", False):
+            return
+        for name, wrap in (("init", _unpacking_init), ("update", _unpacking_update)):
+            method = cls.__dict__.get(name)
+            if callable(method) and not getattr(method, "__isabstractmethod__", False):
+                setattr(cls, name, wrap(method))
 
     def __check_init__(self):
         check_fields(self)

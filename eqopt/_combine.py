@@ -135,6 +135,8 @@ class Chain(_NamedTuple, AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return all(t.elementwise for t in self.transforms)
 
+    handles_packed = True
+
     def init(self, params: Params) -> ChainState:
         return ChainState(tuple(t.init(params) for t in self.transforms), self.names)
 

@@ -1,0 +1,1 @@
+"""The fused engine: packed parameters and bucketed optimiser state."""

@@ -1,0 +1,272 @@
+"""Packed parameters: a model's trainable arrays kept in one flat buffer per dtype."""
+
+from collections.abc import Hashable
+from typing import Any, NamedTuple, no_type_check
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Inexact, PyTree
+
+from .._leaves import is_none, is_trainable
+
+
+class _Slot(NamedTuple):
+    # Where one trainable leaf lives: its position among the model's leaves (None
+    # counted as a leaf), its buffer, its offset in that buffer and its shape.
+    leaf_index: int
+    buffer: int
+    offset: int
+    shape: tuple[int, ...]
+
+
+class _Layout(NamedTuple):
+    slots: tuple[_Slot, ...]
+    # One (dtype, size, sharding key) per buffer.
+    buffers: tuple[tuple[str, int, Hashable], ...]
+
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(size for _, size, _ in self.buffers)
+
+
+def _sharding_key(x: Any) -> Hashable:
+    # Leaves with different shardings go to different buffers; concrete leaves on
+    # a single device (the common case) share one.
+    sharding = getattr(x, "sharding", None)
+    if sharding is None or isinstance(x, jax.core.Tracer):
+        return None
+    try:
+        if sharding.is_fully_replicated:
+            return None
+    except AttributeError:
+        return None
+    return sharding
+
+
+@no_type_check
+def _layout_of(leaves: list) -> _Layout:
+    groups: dict[tuple[str, Hashable], int] = {}
+    sizes: list[int] = []
+    keys: list[tuple[str, int, Hashable]] = []
+    slots = []
+    for index, leaf in enumerate(leaves):
+        if not is_trainable(leaf):
+            continue
+        group = (jnp.dtype(leaf.dtype).name, _sharding_key(leaf))
+        if group not in groups:
+            groups[group] = len(sizes)
+            sizes.append(0)
+            keys.append(group)
+        buffer = groups[group]
+        slots.append(_Slot(index, buffer, sizes[buffer], tuple(leaf.shape)))
+        sizes[buffer] += int(np.prod(leaf.shape, dtype=np.int64))
+    buffers = tuple(
+        (dtype, size, sharding)
+        for (dtype, sharding), size in zip(keys, sizes, strict=True)
+    )
+    return _Layout(tuple(slots), buffers)
+
+
+@no_type_check
+def _concatenate(leaves: list, layout: _Layout) -> tuple:
+    parts: list[list] = [[] for _ in layout.buffers]
+    for slot in layout.slots:
+        parts[slot.buffer].append(jnp.ravel(leaves[slot.leaf_index]))
+    return tuple(
+        jnp.concatenate(chunks) if len(chunks) > 1 else chunks[0] for chunks in parts
+    )
+
+
+@no_type_check
+def _split(buffers: tuple, layout: _Layout) -> dict[int, Array]:
+    out = {}
+    for slot in layout.slots:
+        size = int(np.prod(slot.shape, dtype=np.int64))
+        buffer = buffers[slot.buffer]
+        if buffer is None:
+            out[slot.leaf_index] = None
+            continue
+        piece = jax.lax.slice_in_dim(buffer, slot.offset, slot.offset + size)
+        out[slot.leaf_index] = piece.reshape(slot.shape)
+    return out
+
+
+class Packed(eqx.Module):
+    """A model whose trainable arrays live in one flat buffer per dtype.
+
+    Made by [`eqopt.pack`][]. Its fields are the flat `buffers` (one per dtype,
+    and per sharding when leaves are sharded differently), `rest`, the model
+    with every trainable leaf replaced by `None` (so non-array leaves and
+    integer arrays are kept as they are), and a static layout saying where each
+    leaf lives. Call [`eqopt.Packed.unpack`][] inside the jitted step to get the
+    model back: the slices are free in XLA.
+
+    A `Packed` is a pytree like any Module, so it goes straight into every eqopt
+    transform: `eqx.filter_grad` of `loss(packed.unpack())` with respect to
+    `packed` gives a `Packed` gradient, `init`/`update` keep their state in a
+    handful of buffers, and `apply_updates` adds to them. Elementwise
+    transforms (Adam, SGD, Lion, RMSProp, global-norm clipping...) then run as a
+    few kernels over a few buffers, whatever the number of leaves. Transforms
+    that are not elementwise (per-leaf norms, trust ratios, factored moments,
+    masks by filter spec) see the unpacked model, so their results are the same
+    as without packing.
+
+    !!! example
+
+        ```python
+        packed = eqopt.pack(model)
+        opt = eqopt.adam(1e-3)
+        state = opt.init(packed)
+
+        @eqx.filter_jit
+        def step(packed, state, x, y):
+            grads = eqx.filter_grad(lambda p: loss(p.unpack(), x, y))(packed)
+            updates, state = opt.update(grads, state, packed)
+            return eqopt.apply_updates(packed, updates), state
+
+        packed, state = step(packed, state, x, y)
+        model = packed.unpack()
+        ```
+    """
+
+    buffers: tuple[Inexact[Array, " _"] | None, ...]
+    rest: PyTree[Any]
+    layout: _Layout = eqx.field(static=True)
+
+    def unpack(self) -> PyTree[Any]:
+        """The model, rebuilt from the buffers (reshaped slices) and `rest`.
+
+        On a packed gradient or update the trainable leaves are the gradients
+        and every other leaf is `None`, as `eqx.filter_grad` would give.
+        """
+        leaves, treedef = jax.tree.flatten(self.rest, is_leaf=is_none)
+        for index, value in _split(self.buffers, self.layout).items():
+            leaves[index] = value
+        return jax.tree.unflatten(treedef, leaves)
+
+    @staticmethod
+    def like(packed: "Packed", tree: PyTree[Any]) -> "Packed":
+        """Packs a model-shaped tree (gradients, updates) with `packed`'s layout.
+
+        `None` at a trainable leaf becomes zeros; the other leaves of the result
+        are `None`, as in a gradient.
+        """
+        return packed_like(packed, tree)
+
+    def __check_init__(self):
+        if len(self.buffers) != len(self.layout.buffers):
+            raise ValueError(
+                f"A Packed model has {len(self.layout.buffers)} buffers in its layout "
+                f"but {len(self.buffers)} were given."
+            )
+        for buffer, (dtype, size, _) in zip(
+            self.buffers, self.layout.buffers, strict=True
+        ):
+            if buffer is None:
+                continue
+            if not eqx.is_array(buffer) or buffer.shape != (size,):
+                raise ValueError(
+                    f"A Packed buffer must be a 1-D array of {size} {dtype} elements, "
+                    f"got {getattr(buffer, 'shape', type(buffer).__name__)}: was it made "
+                    "for another model?"
+                )
+
+
+def pack(model: PyTree[Any]) -> Packed:
+    """Keeps a model's trainable arrays in one flat buffer per dtype.
+
+    The trainable leaves are the inexact (floating or complex) arrays; every
+    other leaf (functions, ints, strings, integer arrays, `None`) is kept in
+    place in [`eqopt.Packed`][]`.rest`. Leaves are grouped by dtype, and by
+    sharding when they are sharded differently, in the order of
+    `jax.tree.leaves(model)`.
+
+    Pack once, outside the training loop; unpack inside the jitted step.
+
+    **Arguments:**
+
+    - `model`: any pytree, typically a whole Equinox model.
+
+    **Returns:** an [`eqopt.Packed`][].
+
+    **Raises:** `ValueError` if the model has no trainable array.
+    """
+    leaves, treedef = jax.tree.flatten(model, is_leaf=is_none)
+    layout = _layout_of(leaves)
+    if not layout.slots:
+        raise ValueError(
+            "`eqopt.pack` found no trainable array in the model (no floating or complex "
+            "JAX array leaf): there is nothing to pack."
+        )
+    buffers = _concatenate(leaves, layout)
+    rest = jax.tree.unflatten(
+        treedef, [None if is_trainable(leaf) else leaf for leaf in leaves]
+    )
+    return Packed(buffers=buffers, rest=rest, layout=layout)
+
+
+def packed_like(packed: Packed, tree: PyTree[Any]) -> Packed:
+    """Packs a model-shaped tree of updates with `packed`'s layout.
+
+    `None` at a trainable leaf becomes zeros; the `rest` of the result holds
+    `None` everywhere, as for a gradient.
+    """
+    leaves, treedef = jax.tree.flatten(tree, is_leaf=is_none)
+    reference_leaves, reference_treedef = jax.tree.flatten(packed.rest, is_leaf=is_none)
+    if treedef != reference_treedef:
+        raise ValueError(
+            "The updates do not have the structure of the packed model: pack the "
+            "model and its gradients with the same layout (`eqopt.pack`)."
+        )
+    filled = list(leaves)
+    for slot in packed.layout.slots:
+        if filled[slot.leaf_index] is None:
+            dtype = packed.layout.buffers[slot.buffer][0]
+            filled[slot.leaf_index] = jnp.zeros(slot.shape, dtype)
+    buffers = _concatenate(filled, packed.layout)
+    rest = jax.tree.unflatten(treedef, [None] * len(reference_leaves))
+    return Packed(buffers=buffers, rest=rest, layout=packed.layout)
+
+
+@no_type_check
+def contains_packed(*trees: Any) -> bool:
+    """Whether any of the trees is, or contains, a `Packed` node."""
+    for tree in trees:
+        if isinstance(tree, Packed):
+            return True
+        if tree is None or eqx.is_array(tree):
+            continue
+        nodes = jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, Packed))
+        if any(isinstance(node, Packed) for node in nodes):
+            return True
+    return False
+
+
+@no_type_check
+def unpack_all(tree: Any) -> Any:
+    """Replaces every `Packed` node in `tree` by its unpacked model."""
+    if isinstance(tree, Packed):
+        return tree.unpack()
+    return jax.tree.map(
+        lambda x: x.unpack() if isinstance(x, Packed) else x,
+        tree,
+        is_leaf=lambda x: isinstance(x, Packed),
+    )
+
+
+@no_type_check
+def repack_like(reference: Any, tree: Any) -> Any:
+    """Packs each subtree of `tree` that sits where `reference` has a `Packed` node."""
+    if isinstance(reference, Packed):
+        return packed_like(reference, tree)
+    is_packed = lambda x: isinstance(x, Packed)  # noqa: E731
+    reference_nodes, reference_def = jax.tree.flatten(reference, is_leaf=is_packed)
+    nodes = reference_def.flatten_up_to(tree)
+    return jax.tree.unflatten(
+        reference_def,
+        [
+            packed_like(ref, node) if isinstance(ref, Packed) else node
+            for ref, node in zip(reference_nodes, nodes, strict=True)
+        ],
+    )
