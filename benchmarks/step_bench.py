@@ -49,9 +49,20 @@ import optax  # noqa: E402
 
 import eqopt  # noqa: E402
 
-LIBRARIES = ("eqopt", "optax")
-CASES = ("adam", "adamw", "clip+adamw+cos")
-TREES = ("mlp", "transformer", "small")
+#: What is timed: Optax; Optax again (an A/A run, for the noise); eqopt on the
+#: params as they are (the default path); eqopt on `eqopt.pack`ed params.
+LIBRARIES = ("optax", "optax-aa", "eqopt", "eqopt-packed")
+CASES = ("sgdm", "adam", "adamw", "clip+adamw+cos", "lion", "rmsprop", "adafactor")
+DEFAULT_CASES = (
+    "sgdm",
+    "adam",
+    "adamw",
+    "clip+adamw+cos",
+    "lion",
+    "rmsprop",
+    "adafactor",
+)
+TREES = ("mlp", "resnet", "transformer", "small", "onebig")
 
 LEARNING_RATE = 1e-3
 WEIGHT_DECAY = 1e-4
@@ -123,7 +134,58 @@ def make_small(args, key):
     }
 
 
-TREE_MAKERS = {"mlp": make_mlp, "transformer": make_transformer, "small": make_small}
+def make_resnet(args, key):
+    """A dict shaped like a ResNet-18's parameters: convolutions and batch-norm scales."""
+    rng = np.random.default_rng(args.seed)
+    width = args.resnet_width
+    params = {
+        "stem": {
+            "w": jnp.asarray(rng.standard_normal((7, 7, 3, width), np.float32) * 0.05)
+        }
+    }
+    channels = width
+    for stage in range(4):
+        out = width * 2**stage
+        for block in range(2):
+            prefix = f"s{stage}b{block}"
+            c_in = channels if block == 0 else out
+            layer = {}
+            for i, (a, b) in enumerate(((c_in, out), (out, out))):
+                layer[f"conv{i}"] = jnp.asarray(
+                    rng.standard_normal((3, 3, a, b), np.float32) / math.sqrt(9 * a)
+                )
+                layer[f"bn{i}_scale"] = jnp.ones((b,), jnp.float32)
+                layer[f"bn{i}_bias"] = jnp.zeros((b,), jnp.float32)
+            if c_in != out:
+                layer["proj"] = jnp.asarray(
+                    rng.standard_normal((1, 1, c_in, out), np.float32) / math.sqrt(c_in)
+                )
+                layer["proj_scale"] = jnp.ones((out,), jnp.float32)
+                layer["proj_bias"] = jnp.zeros((out,), jnp.float32)
+            params[prefix] = layer
+        channels = out
+    params["head"] = {
+        "w": jnp.asarray(rng.standard_normal((channels, 1000), np.float32) * 0.01),
+        "b": jnp.zeros((1000,), jnp.float32),
+    }
+    return params
+
+
+def make_onebig(args, key):
+    """One large leaf: the case where the step should run at memory bandwidth."""
+    rng = np.random.default_rng(args.seed)
+    # A matrix, so that the weight-decay mask of `clip+adamw+cos` selects it.
+    rows = max(1, args.onebig_size // 1024)
+    return {"w": jnp.asarray(rng.standard_normal((rows, 1024), np.float32))}
+
+
+TREE_MAKERS = {
+    "mlp": make_mlp,
+    "resnet": make_resnet,
+    "transformer": make_transformer,
+    "small": make_small,
+    "onebig": make_onebig,
+}
 
 
 # ---------------------------------------------------------------------------
@@ -135,45 +197,37 @@ def is_matrix(x):
     return x.ndim > 1
 
 
-def make_optax(case, total_steps):
+def make_optimiser(lib, case, total_steps):
+    """The same optimiser in either library (`lib` is `optax` or `eqopt`)."""
+    m = optax if lib == "optax" else eqopt
+    if case == "sgdm":
+        return m.sgd(LEARNING_RATE, momentum=0.9)
     if case == "adam":
-        return optax.adam(LEARNING_RATE)
+        return m.adam(LEARNING_RATE)
     if case == "adamw":
-        return optax.adamw(LEARNING_RATE, weight_decay=WEIGHT_DECAY)
-    schedule = optax.warmup_cosine_decay_schedule(
+        return m.adamw(LEARNING_RATE, weight_decay=WEIGHT_DECAY)
+    if case == "lion":
+        return m.lion(LEARNING_RATE, weight_decay=WEIGHT_DECAY)
+    if case == "rmsprop":
+        return m.rmsprop(LEARNING_RATE)
+    if case == "adafactor":
+        return m.adafactor(LEARNING_RATE)
+    schedule = m.warmup_cosine_decay_schedule(
         0.0,
         LEARNING_RATE,
         total_steps // 10,
         total_steps,
         end_value=LEARNING_RATE / 100,
     )
-    return optax.chain(
-        optax.clip_by_global_norm(1.0),
-        optax.adamw(
-            schedule,
-            weight_decay=WEIGHT_DECAY,
-            # An Optax callable mask is a function of the whole params.
-            mask=lambda params: jax.tree.map(is_matrix, params),
-        ),
-    )
-
-
-def make_eqopt(case, total_steps):
-    if case == "adam":
-        return eqopt.adam(LEARNING_RATE)
-    if case == "adamw":
-        return eqopt.adamw(LEARNING_RATE, weight_decay=WEIGHT_DECAY)
-    schedule = eqopt.warmup_cosine_decay_schedule(
-        0.0,
-        LEARNING_RATE,
-        total_steps // 10,
-        total_steps,
-        end_value=LEARNING_RATE / 100,
-    )
-    return eqopt.chain(
-        eqopt.clip_by_global_norm(1.0),
+    if lib == "optax":
+        # An Optax callable mask is a function of the whole params.
+        mask = lambda params: jax.tree.map(is_matrix, params)  # noqa: E731
+    else:
         # An eqopt callable mask is a per-leaf predicate (an Equinox filter spec).
-        eqopt.adamw(schedule, weight_decay=WEIGHT_DECAY, mask=is_matrix),
+        mask = is_matrix
+    return m.chain(
+        m.clip_by_global_norm(1.0),
+        m.adamw(schedule, weight_decay=WEIGHT_DECAY, mask=mask),
     )
 
 
@@ -193,8 +247,8 @@ class Runner:
     def __init__(self, library, case, model, grads, total_steps):
         self.library = library
         params = eqx.filter(model, eqx.is_array)
-        if library == "optax":
-            tx = make_optax(case, total_steps)
+        if library.startswith("optax"):
+            tx = make_optimiser("optax", case, total_steps)
             self.state = tx.init(params)
 
             def factory():
@@ -206,9 +260,15 @@ class Runner:
 
             self.prefix = ()
         else:
-            opt = make_eqopt(case, total_steps)
-            self.state = opt.init(model)  # the whole model
+            opt = make_optimiser("eqopt", case, total_steps)
             opt_arrays, opt_static = eqx.partition(opt, eqx.is_array)
+            if library == "eqopt-packed":
+                # The model's trainable arrays in one buffer per dtype; gradients as
+                # `eqx.filter_grad` of `loss(packed.unpack())` gives them.
+                model = eqopt.pack(model)
+                grads = eqopt.Packed.like(model, grads)
+                params = eqx.filter(model, eqx.is_array)
+            self.state = opt.init(model)  # the whole model
             _, model_static = eqx.partition(model, eqx.is_array)
 
             def factory():
@@ -281,7 +341,10 @@ def max_relative_difference(a, b):
 
 
 def orders(rep):
-    return LIBRARIES if rep % 2 == 0 else LIBRARIES[::-1]
+    # A rotation, reversed every other repetition: no variant always runs first.
+    k = rep % len(LIBRARIES)
+    order = LIBRARIES[k:] + LIBRARIES[:k]
+    return order if rep % 2 == 0 else order[::-1]
 
 
 def make_grads(model, seed):
@@ -291,6 +354,40 @@ def make_grads(model, seed):
         lambda p: jnp.asarray((rng.standard_normal(p.shape) * 1e-2).astype(p.dtype)),
         eqx.filter(model, eqx.is_array),
     )
+
+
+def trainable_params(runner):
+    params = runner.params
+    if runner.library == "eqopt-packed":
+        params = params.unpack()
+    return eqx.filter(params, eqx.is_inexact_array)
+
+
+def streaming_bandwidth(n, reps=9):
+    """Bytes per second of `y = a * x + y` on `n` float32 (reads 8n bytes, writes 4n)."""
+    x = jnp.ones((n,), jnp.float32)
+    y = jnp.ones((n,), jnp.float32)
+    axpy = jax.jit(lambda x, y: 0.5 * x + y, donate_argnums=1)
+    y = axpy(x, y).block_until_ready()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        y = axpy(x, y).block_until_ready()
+        times.append(time.perf_counter() - t0)
+    return 12 * n / statistics.median(times)
+
+
+#: Minimum bytes moved per parameter by one step (read grad, params and state,
+#: write params and state), float32 state.
+BYTES_PER_PARAM = {
+    "sgdm": 20,
+    "adam": 28,
+    "adamw": 28,
+    "clip+adamw+cos": 28,
+    "lion": 20,
+    "rmsprop": 20,
+    "adafactor": 12,
+}
 
 
 def bench_one(case, tree_name, model, grads, args, log):
@@ -305,7 +402,7 @@ def bench_one(case, tree_name, model, grads, args, log):
         for lib in LIBRARIES
     }
 
-    # Compile time: fresh closures, caches cleared, libraries alternating.
+    # Compile time: fresh closures, caches cleared, variants alternating.
     compile_reps = (
         args.compile_reps if tree_name != "small" else args.small_compile_reps
     )
@@ -320,15 +417,19 @@ def bench_one(case, tree_name, model, grads, args, log):
     # Same computation? One step from identical params.
     for runner in runners.values():
         runner.run(1)
-    difference = max_relative_difference(
-        runners["eqopt"].params, runners["optax"].params
-    )
-    if difference > 1e-4:
-        log(
-            f"  WARNING: eqopt and Optax params differ after one step (max rel diff {difference:.2e})"
+    differences = {
+        lib: max_relative_difference(
+            trainable_params(runners[lib]), trainable_params(runners["optax"])
         )
+        for lib in LIBRARIES
+    }
+    for lib, difference in differences.items():
+        if difference > 1e-4:
+            log(
+                f"  WARNING: {lib} and Optax differ after one step (max rel diff {difference:.2e})"
+            )
 
-    # Step time: warm up, calibrate the steps per repetition, libraries alternating.
+    # Step time: warm up, calibrate the steps per repetition, variants alternating.
     for runner in runners.values():
         runner.run(args.warmup)
     one = statistics.median(runners["optax"].run(1)[0] for _ in range(3))
@@ -344,33 +445,44 @@ def bench_one(case, tree_name, model, grads, args, log):
     finally:
         gc.enable()
 
+    median_ms = {
+        lib: {
+            m: {
+                c: 1e3 * statistics.median(v) if v else math.nan
+                for c, v in by_clock.items()
+            }
+            for m, by_clock in samples[lib].items()
+        }
+        for lib in LIBRARIES
+    }
     result = {
         "case": case,
         "tree": tree_name,
         "leaves": len(leaves),
         "params": int(n_params),
-        "one_step_max_rel_diff": difference,
+        "one_step_max_rel_diff": differences,
         "steps_per_rep": inner,
         "samples_s": samples,
-        "median_ms": {
+        "median_ms": median_ms,
+        # Ratios of the medians, each variant / Optax.
+        "ratio": {
             lib: {
                 m: {
-                    c: 1e3 * statistics.median(v) if v else math.nan
-                    for c, v in by_clock.items()
+                    c: median_ms[lib][m][c] / median_ms["optax"][m][c]
+                    for c in ("wall", "cpu")
                 }
-                for m, by_clock in samples[lib].items()
+                for m in ("trace", "xla", "compile", "step")
             }
             for lib in LIBRARIES
         },
     }
-    # Ratios of the medians, eqopt / Optax.
-    result["ratio"] = {
-        m: {
-            c: result["median_ms"]["eqopt"][m][c] / result["median_ms"]["optax"][m][c]
-            for c in ("wall", "cpu")
+    if tree_name == "onebig":
+        bandwidth = streaming_bandwidth(int(n_params))
+        floor_ms = 1e3 * BYTES_PER_PARAM[case] * n_params / bandwidth
+        result["bandwidth_GBps"] = bandwidth / 1e9
+        result["roofline"] = {
+            lib: median_ms[lib]["step"]["wall"] / floor_ms for lib in LIBRARIES
         }
-        for m in ("trace", "xla", "compile", "step")
-    }
     del runners, params
     jax.clear_caches()
     gc.collect()
@@ -412,32 +524,40 @@ def table(results):
         "tree",
         "leaves",
         "params",
-        "compile ratio",
-        "(cpu)",
-        "trace ratio",
-        "(cpu)",
-        "step ratio",
-        "(cpu)",
-        "compile ms eqopt / optax",
-        "step ms eqopt / optax",
+        "step eqopt",
+        "step packed",
+        "step A/A",
+        "compile eqopt",
+        "compile packed",
+        "compile A/A",
+        "roofline optax / eqopt / packed",
+        "step ms optax",
+        "compile ms optax",
     )
     rows = []
     for r in results:
         ratio, ms = r["ratio"], r["median_ms"]
+        roofline = r.get("roofline")
         rows.append(
             (
                 r["case"],
                 r["tree"],
                 str(r["leaves"]),
                 fmt_count(r["params"]),
-                fmt_ratio(ratio["compile"]["wall"]),
-                fmt_ratio(ratio["compile"]["cpu"]),
-                fmt_ratio(ratio["trace"]["wall"]),
-                fmt_ratio(ratio["trace"]["cpu"]),
-                fmt_ratio(ratio["step"]["wall"]),
-                fmt_ratio(ratio["step"]["cpu"]),
-                f"{fmt_ms(ms['eqopt']['compile']['wall'])} / {fmt_ms(ms['optax']['compile']['wall'])}",
-                f"{fmt_ms(ms['eqopt']['step']['wall'])} / {fmt_ms(ms['optax']['step']['wall'])}",
+                fmt_ratio(ratio["eqopt"]["step"]["wall"]),
+                fmt_ratio(ratio["eqopt-packed"]["step"]["wall"]),
+                fmt_ratio(ratio["optax-aa"]["step"]["wall"]),
+                fmt_ratio(ratio["eqopt"]["compile"]["wall"]),
+                fmt_ratio(ratio["eqopt-packed"]["compile"]["wall"]),
+                fmt_ratio(ratio["optax-aa"]["compile"]["wall"]),
+                "-"
+                if roofline is None
+                else " / ".join(
+                    fmt_ratio(roofline[lib])
+                    for lib in ("optax", "eqopt", "eqopt-packed")
+                ),
+                fmt_ms(ms["optax"]["step"]["wall"]),
+                fmt_ms(ms["optax"]["compile"]["wall"]),
             )
         )
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
@@ -475,6 +595,8 @@ QUICK = {
     "tf_vocab": 1000,
     "tf_context": 64,
     "small_leaves": 100,
+    "resnet_width": 8,
+    "onebig_size": 1_000_000,
     "compile_reps": 1,
     "small_compile_reps": 1,
     "step_reps": 7,
@@ -495,7 +617,7 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--cases",
-        default=",".join(CASES),
+        default=",".join(DEFAULT_CASES),
         help="comma-separated subset of " + ", ".join(CASES),
     )
     parser.add_argument(
@@ -541,6 +663,13 @@ def parse_args(argv=None):
     parser.add_argument("--tf-vocab", type=int, default=12_000)
     parser.add_argument("--tf-context", type=int, default=512)
     parser.add_argument("--small-leaves", type=int, default=2000)
+    parser.add_argument(
+        "--resnet-width",
+        type=int,
+        default=64,
+        help="ResNet-18 stem width (64: ~11M params)",
+    )
+    parser.add_argument("--onebig-size", type=int, default=33_000_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="also write every measurement to this file")
     args = parser.parse_args(argv)
@@ -582,15 +711,25 @@ def main(argv=None):
         model = TREE_MAKERS[tree_name](args, jax.random.key(args.seed))
         grads = make_grads(model, args.seed)
         for case in args.cases:
+            if not hasattr(
+                eqopt, case.split("+")[-1].replace("cos", "adamw")
+            ) and case not in (
+                "sgdm",
+                "clip+adamw+cos",
+            ):
+                log(f"skipping {case}: eqopt has no such optimiser")
+                continue
             log(f"[{time.perf_counter() - start:6.1f}s] {case} on {tree_name}...")
             results.append(bench_one(case, tree_name, model, grads, args, log))
         del model, grads
     print(table(results))
     print(
-        "ratio = eqopt / Optax of the medians (< 1: eqopt faster), in wall-clock time and, under\n"
-        "(cpu), in this process's CPU time (robust to other load on the machine). compile = trace\n"
-        "(jax.jit(...).lower, where eqopt's checks run) + XLA compile; step = update + apply_updates\n"
-        "with donated params and state; medians in wall-clock ms."
+        "Ratios of medians to Optax's (< 1: faster than Optax), wall-clock. step eqopt: the\n"
+        "default path (params as they are); step packed: params made by `eqopt.pack`; A/A: Optax\n"
+        "against itself, the noise of the measurement. compile = trace + XLA compile of the\n"
+        "optimiser step (update + apply_updates, params and state donated). roofline (one-big\n"
+        "tree): median step / (minimum bytes moved / the streaming bandwidth measured in the\n"
+        "same run)."
     )
     print(f"total {time.perf_counter() - start:.0f} s")
     if args.json:
