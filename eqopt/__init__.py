@@ -7,7 +7,13 @@ import jaxtyping as _jaxtyping
 # Every public function, method and Module of eqopt carries jaxtyping annotations.
 # Importing its modules under this hook checks them with beartype (at trace time
 # under jit). Setting JAXTYPING_DISABLE=1 turns the checks off.
-with _jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
+# jax and equinox are imported first, so that they are not imported under the hook.
+import equinox as _equinox  # noqa: F401
+import jax as _jax  # noqa: F401
+
+from ._typecheck import ArgumentTypeError as ArgumentTypeError
+
+with _jaxtyping.install_import_hook("eqopt", "eqopt._typecheck.typechecker"):
     from . import (
         assignment as assignment,
         losses as losses,

@@ -15,6 +15,7 @@ from jaxtyping import ArrayLike, PyTree
 from ._fused._pack import contains_packed, repack_like, unpack_all
 from ._hyper import check_fields
 from ._leaves import is_none as is_none, is_trainable as is_trainable
+from ._structure import structure_mismatch_message as structure_mismatch_message
 
 #: Parameters: any pytree, typically a whole Equinox model. Its inexact arrays are trainable.
 Params: TypeAlias = PyTree[Any]
@@ -65,37 +66,6 @@ def _describe(x: Any) -> str:
     if eqx.is_array(x):
         return f"{x.dtype}{list(x.shape)}"
     return type(x).__name__
-
-
-def structure_mismatch_message(
-    tree: Any, reference: Any, name: str, reference_name: str
-) -> str:
-    """A message naming the first path at which two pytrees differ in structure."""
-    paths = _paths(tree)
-    reference_paths = _paths(reference)
-    for path, reference_path in zip(paths, reference_paths):
-        if path != reference_path:
-            return (
-                f"The structure of `{name}` does not match `{reference_name}`: "
-                f"`{name}` has a leaf at {path} where `{reference_name}` has one at "
-                f"{reference_path}."
-            )
-    if len(paths) > len(reference_paths):
-        return (
-            f"The structure of `{name}` does not match `{reference_name}`: `{name}` "
-            f"has an extra leaf at {paths[len(reference_paths)]}."
-        )
-    if len(paths) < len(reference_paths):
-        return (
-            f"The structure of `{name}` does not match `{reference_name}`: `{name}` "
-            f"is missing the leaf at {reference_paths[len(paths)]}."
-        )
-    return (
-        f"The structure of `{name}` does not match `{reference_name}`: the leaves "
-        "are at the same paths but the containers differ (a different Module class, "
-        f"dict keys or static field). `{name}`: {jax.tree.structure(tree, is_leaf=is_none)}; "
-        f"`{reference_name}`: {jax.tree.structure(reference, is_leaf=is_none)}."
-    )
 
 
 def check_updates(

@@ -1,0 +1,123 @@
+"""Saying where and how two pytrees differ in structure."""
+
+import dataclasses
+from typing import Any, no_type_check
+
+import equinox as eqx
+import jax
+
+from ._leaves import is_none
+
+
+@no_type_check
+def _is_leaf(x: Any) -> bool:
+    return x is None or jax.tree_util.treedef_is_leaf(
+        jax.tree.structure(x, is_leaf=is_none)
+    )
+
+
+@no_type_check
+def _children(x: Any) -> list[tuple[Any, Any]]:
+    # One level of `x`: (key, child) pairs, None children included.
+    pairs, _ = jax.tree_util.tree_flatten_with_path(
+        x, is_leaf=lambda y: y is not x or y is None
+    )
+    return [(path[0], child) for path, child in pairs]
+
+
+def _key_str(key: Any) -> str:
+    return jax.tree_util.keystr((key,))
+
+
+def _describe(x: Any) -> str:
+    if x is None:
+        return "None"
+    if eqx.is_array(x):
+        return f"a {x.dtype}{list(x.shape)} array"
+    if _is_leaf(x):
+        return f"a leaf ({type(x).__name__})"
+    return f"a {type(x).__name__}"
+
+
+@no_type_check
+def _static_difference(a: Any, b: Any) -> str | None:
+    # Two Modules (or dataclasses) of one class whose static fields differ.
+    if not dataclasses.is_dataclass(a):
+        return None
+    for field in dataclasses.fields(a):
+        if not field.metadata.get("static", False):
+            continue
+        value_a, value_b = getattr(a, field.name, None), getattr(b, field.name, None)
+        try:
+            equal = bool(value_a == value_b)
+        except Exception:  # arrays or other objects without a plain `==`
+            equal = value_a is value_b
+        if not equal:
+            return f"`{field.name}={value_a!r}`", f"`{field.name}={value_b!r}`"
+    return None
+
+
+@no_type_check
+def first_difference(
+    tree: Any, reference: Any, path: str = ""
+) -> tuple[str, str, str] | None:
+    """The first place where two pytrees differ: `(path, what tree has, what reference has)`.
+
+    `None` is a leaf. Two leaves never differ (their values are not compared).
+    """
+    where = path or "<root>"
+    tree_leaf, reference_leaf = _is_leaf(tree), _is_leaf(reference)
+    if tree_leaf and reference_leaf:
+        return None
+    if tree_leaf != reference_leaf:
+        return where, _describe(tree), _describe(reference)
+    if type(tree) is not type(reference):
+        return where, _describe(tree), _describe(reference)
+    static = _static_difference(tree, reference)
+    if static is not None:
+        return where, *static
+    children = _children(tree)
+    reference_children = _children(reference)
+    keys = [key for key, _ in children]
+    reference_keys = [key for key, _ in reference_children]
+    if keys != reference_keys:
+        missing = [k for k in reference_keys if k not in keys]
+        extra = [k for k in keys if k not in reference_keys]
+        if missing:
+            return (
+                where + _key_str(missing[0]),
+                "nothing",
+                _describe(dict(reference_children)[missing[0]]),
+            )
+        if extra:
+            return (
+                where + _key_str(extra[0]),
+                _describe(dict(children)[extra[0]]),
+                "nothing",
+            )
+        return where, f"keys in the order {keys}", f"keys in the order {reference_keys}"
+    for (key, child), (_, reference_child) in zip(
+        children, reference_children, strict=True
+    ):
+        found = first_difference(child, reference_child, path + _key_str(key))
+        if found is not None:
+            return found
+    treedef = jax.tree.structure(tree, is_leaf=is_none)
+    reference_treedef = jax.tree.structure(reference, is_leaf=is_none)
+    if treedef.node_data() != reference_treedef.node_data():
+        return where, f"a {type(tree).__name__} with other metadata", "another"
+    return None
+
+
+def structure_mismatch_message(
+    tree: Any, reference: Any, name: str, reference_name: str
+) -> str:
+    """A message naming the first node at which two pytrees differ, and how."""
+    found = first_difference(tree, reference)
+    if found is None:
+        return f"The structure of `{name}` does not match `{reference_name}`."
+    where, got, expected = found
+    return (
+        f"The structure of `{name}` does not match `{reference_name}`: at {where}, "
+        f"`{name}` has {got} where `{reference_name}` has {expected}."
+    )

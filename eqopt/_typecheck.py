@@ -1,0 +1,149 @@
+"""The type checker eqopt's import hook applies: beartype, lazily, with short errors.
+
+`eqopt/__init__.py` installs jaxtyping's import hook over the package with
+`typechecker` below, so every annotated function and Module of eqopt is
+checked by beartype (at trace time under `jit`). Two things differ from passing
+`beartype.beartype` itself:
+
+- **Lazily.** beartype builds a checking wrapper for a function on the first
+  call, not when the module is imported: eqopt has over a thousand annotated
+  functions, and decorating them all up front made `import eqopt` seconds
+  slower than `import jax, equinox`.
+- **Short errors.** A failed check raises [`eqopt.ArgumentTypeError`][], a
+  `TypeError` whose message is one line: the function, the argument, what was
+  expected and what came (with a hint when a state of another transform was
+  passed). jaxtyping re-raises it as it is, instead of printing every argument
+  of the call (a whole model, often hundreds of lines).
+
+This module is imported before the hook is installed, so it is not checked itself.
+"""
+
+import functools
+import inspect
+import re
+from collections.abc import Callable
+from typing import Any
+
+import beartype
+import jaxtyping
+from beartype.roar import BeartypeCallHintViolation
+
+
+class ArgumentTypeError(jaxtyping.AnnotationError, jaxtyping.TypeCheckError):
+    """An argument of an eqopt function has the wrong type or shape.
+
+    A `TypeError` (and a `jaxtyping.TypeCheckError`, as without eqopt's
+    wrapper). It also derives from `jaxtyping.AnnotationError`, which is how it
+    reaches the user with its one-line message, untouched by jaxtyping.
+    """
+
+
+_PARAMETER = re.compile(r"parameter (\w+)=")
+
+
+def _describe(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    dtype = getattr(value, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"an array {dtype}{list(shape)}"
+    name = type(value).__name__
+    if isinstance(value, (bool, int, float, complex, str)) or value is None:
+        text = repr(value)
+        return f"{name} {text[:40]}"
+    return f"a {name}"
+
+
+_JAXTYPING = re.compile(r"jax(\w+)\[(\w+), '([^']*)'\]")
+_SCALAR = "a real number (a Python number or a 0-d array)"
+
+
+def _expected(annotation: Any) -> str:
+    if annotation is inspect.Parameter.empty:
+        return "?"
+    text = (
+        getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
+    )
+    if text is None:
+        text = str(annotation).replace("typing.", "").replace("jaxlib._jax.", "")
+        text = text.replace("collections.abc.", "").replace("numpy.", "np.")
+        text = _JAXTYPING.sub(
+            lambda m: f'{m.group(1)}[{m.group(2)}, "{m.group(3)}"]', text
+        )
+        if text.startswith("Union[") and text.endswith("]"):
+            text = " | ".join(part.strip() for part in _split_top_level(text[6:-1]))
+        # The hyperparameter aliases of eqopt._hyper, in words.
+        scalar = 'float | int | Real[Array, ""] | Real[ndarray, ""] | np.number'
+        text = text.replace(scalar, _SCALAR)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _split_top_level(text: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for index, char in enumerate(text):
+        if char in "[(":
+            depth += 1
+        elif char in "])":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(text[start:index])
+            start = index + 1
+    parts.append(text[start:])
+    return parts
+
+
+def _owner(fn: Callable) -> str:
+    qualname = getattr(fn, "__qualname__", getattr(fn, "__name__", "function"))
+    qualname = qualname.replace(".<locals>", "")
+    if qualname.endswith(".__init__"):
+        return qualname[: -len(".__init__")]
+    return qualname
+
+
+def _hint(value: Any, annotation: Any) -> str:
+    # A state of another transform: name the transform that made it.
+    name = type(value).__name__
+    expected = getattr(annotation, "__name__", "")
+    if name.endswith("State") and expected.endswith("State") and name != expected:
+        maker = re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name[: -len("State")]).lower()
+        return (
+            f" This looks like the state of `{maker}`: pass the state made by this "
+            "transform's `init`."
+        )
+    return ""
+
+
+def _message(fn: Callable, error: BeartypeCallHintViolation, args, kwargs) -> str:
+    owner = _owner(fn)
+    match = _PARAMETER.search(str(error))
+    if match is None:
+        return f"{owner}: {str(error).splitlines()[0][:300]}"
+    name = match.group(1)
+    try:
+        signature = inspect.signature(fn)
+        bound = signature.bind_partial(*args, **kwargs)
+        value = bound.arguments.get(name, inspect.Parameter.empty)
+        annotation = signature.parameters[name].annotation
+    except (TypeError, ValueError, KeyError):
+        return f"{owner}: argument `{name}` has the wrong type."
+    got = "nothing" if value is inspect.Parameter.empty else _describe(value)
+    return (
+        f"{owner}: argument `{name}` must be {_expected(annotation)}, got {got}."
+        + _hint(value, annotation)
+    )
+
+
+def typechecker(fn: Callable) -> Callable:
+    """beartype `fn` on its first call, and turn a failed check into a one-line error."""
+    checked: Callable | None = None
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        nonlocal checked
+        if checked is None:
+            checked = beartype.beartype(fn)
+        try:
+            return checked(*args, **kwargs)
+        except BeartypeCallHintViolation as error:
+            raise ArgumentTypeError(_message(fn, error, args, kwargs)) from None
+
+    return wrapper
