@@ -2,14 +2,13 @@
 
 import importlib.metadata
 
-import jaxtyping as _jaxtyping
-
 # Every public function, method and Module of eqopt carries jaxtyping annotations.
 # Importing its modules under this hook checks them with beartype (at trace time
 # under jit). Setting JAXTYPING_DISABLE=1 turns the checks off.
 # jax and equinox are imported first, so that they are not imported under the hook.
 import equinox as _equinox  # noqa: F401
 import jax as _jax  # noqa: F401
+import jaxtyping as _jaxtyping
 
 from ._typecheck import ArgumentTypeError as ArgumentTypeError
 

@@ -1,9 +1,9 @@
 """The gradient-transformation protocol, its empty state and `apply_updates`."""
 
 import abc
+import functools
 import inspect
 from collections.abc import Callable
-import functools
 from typing import Any, ClassVar, TypeAlias, no_type_check
 
 import equinox as eqx
