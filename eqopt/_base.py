@@ -490,7 +490,8 @@ def full_like_trainable_real(params: Params, value: Any) -> Updates:
     def full(p):
         if not is_trainable(p):
             return None
-        return jnp.full(p.shape, value, dtype=jnp.finfo(p.dtype).dtype)
+        # `full_like` keeps the parameter's sharding; `full(p.shape, ...)` would not.
+        return jnp.full_like(p, value, dtype=jnp.finfo(p.dtype).dtype)
 
     return jax.tree.map(full, params)
 
