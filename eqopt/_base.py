@@ -14,7 +14,12 @@ from jaxtyping import ArrayLike, PyTree
 
 from ._fused._pack import contains_packed, repack_like, unpack_all
 from ._hyper import check_fields
-from ._leaves import is_none as is_none, is_trainable as is_trainable
+from ._leaves import (
+    drop_float0,
+    first_non_inexact,
+    is_none as is_none,
+    is_trainable as is_trainable,
+)
 from ._structure import structure_mismatch_message as structure_mismatch_message
 
 #: Parameters: any pytree, typically a whole Equinox model. Its inexact arrays are trainable.
@@ -23,7 +28,24 @@ Params: TypeAlias = PyTree[Any]
 
 class _InexactTreeMeta(type):
     def __instancecheck__(cls, obj: Any) -> bool:
-        return all(eqx.is_inexact_array(leaf) for leaf in jax.tree.leaves(obj))
+        return first_non_inexact(obj) is None
+
+    def explain(cls, obj: Any) -> str:
+        """Why `obj` is not an `InexactTree`: the first offending leaf, by path."""
+        found = first_non_inexact(obj)
+        if found is None:
+            return ""
+        path, leaf = found
+        kind = (
+            f"an array of dtype {leaf.dtype}"
+            if eqx.is_array(leaf)
+            else f"a {type(leaf).__name__}"
+        )
+        return (
+            f"a pytree of floating or complex arrays (None where a leaf is not trained), "
+            f"but the leaf at {path} is {kind}. Pass gradients as `eqx.filter_grad` "
+            "makes them (None at non-trainable leaves), not the model itself"
+        )
 
 
 class InexactTree(metaclass=_InexactTreeMeta):
@@ -156,7 +178,7 @@ def pretty(module: eqx.Module) -> str:
 def _unpacking_init(method: Callable) -> Callable:
     @functools.wraps(method)
     def init(self, params):
-        if not self.elementwise and contains_packed(params):
+        if not (self.handles_packed or self.elementwise) and contains_packed(params):
             return method(self, unpack_all(params))
         return method(self, params)
 
@@ -166,7 +188,12 @@ def _unpacking_init(method: Callable) -> Callable:
 def _unpacking_update(method: Callable) -> Callable:
     @functools.wraps(method)
     def update(self, updates, state, params=None, **extra_args):
-        if not self.elementwise and contains_packed(updates, params):
+        # `float0` gradients (integer leaves under `jax.grad(allow_int=True)`) mean
+        # "no gradient": the same as `None`.
+        updates = drop_float0(updates)
+        if not (self.handles_packed or self.elementwise) and contains_packed(
+            updates, params
+        ):
             reference = updates if contains_packed(updates) else params
             updates, state = method(
                 self, unpack_all(updates), state, unpack_all(params), **extra_args
@@ -213,8 +240,6 @@ class AbstractGradientTransformation(eqx.Module):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if cls.__dict__.get("handles_packed", False):
-            return
         for name, wrap in (("init", _unpacking_init), ("update", _unpacking_update)):
             method = cls.__dict__.get(name)
             if callable(method) and not getattr(method, "__isabstractmethod__", False):
@@ -388,6 +413,7 @@ def apply_updates(params: Params, updates: Updates) -> Params:
     **Raises:** `ValueError` naming the first path where `updates` does not
     match `params` in structure or shape.
     """
+    updates = drop_float0(updates)
     check_updates(updates, params)
 
     def add(update, param):

@@ -126,6 +126,12 @@ def _message(fn: Callable, error: BeartypeCallHintViolation, args, kwargs) -> st
     except (TypeError, ValueError, KeyError):
         return f"{owner}: argument `{name}` has the wrong type."
     got = "nothing" if value is inspect.Parameter.empty else _describe(value)
+    explain = getattr(annotation, "explain", None)
+    if callable(explain) and value is not inspect.Parameter.empty:
+        # The annotation can say which part of the value is wrong (a leaf's path).
+        reason = explain(value)
+        if reason:
+            return f"{owner}: argument `{name}` must be {reason}."
     return (
         f"{owner}: argument `{name}` must be {_expected(annotation)}, got {got}."
         + _hint(value, annotation)
