@@ -50,8 +50,9 @@ import optax  # noqa: E402
 import eqopt  # noqa: E402
 
 #: What is timed: Optax; Optax again (an A/A run, for the noise); eqopt on the
-#: params as they are (the default path); eqopt on `eqopt.pack`ed params.
-LIBRARIES = ("optax", "optax-aa", "eqopt", "eqopt-packed")
+#: params as they are (the default path); eqopt with its state bucketed
+#: (`eqopt.bucketed`, params as they are); eqopt on `eqopt.pack`ed params.
+LIBRARIES = ("optax", "optax-aa", "eqopt", "eqopt-bucketed", "eqopt-packed")
 CASES = ("sgdm", "adam", "adamw", "clip+adamw+cos", "lion", "rmsprop", "adafactor")
 DEFAULT_CASES = (
     "sgdm",
@@ -261,6 +262,8 @@ class Runner:
             self.prefix = ()
         else:
             opt = make_optimiser("eqopt", case, total_steps)
+            if library == "eqopt-bucketed":
+                opt = eqopt.bucketed(opt)
             opt_arrays, opt_static = eqx.partition(opt, eqx.is_array)
             if library == "eqopt-packed":
                 # The model's trainable arrays in one buffer per dtype; gradients as
@@ -525,12 +528,14 @@ def table(results):
         "leaves",
         "params",
         "step eqopt",
+        "step bucketed",
         "step packed",
         "step A/A",
         "compile eqopt",
+        "compile bucketed",
         "compile packed",
         "compile A/A",
-        "roofline optax / eqopt / packed",
+        "roofline optax / eqopt / bucketed / packed",
         "step ms optax",
         "compile ms optax",
     )
@@ -545,9 +550,11 @@ def table(results):
                 str(r["leaves"]),
                 fmt_count(r["params"]),
                 fmt_ratio(ratio["eqopt"]["step"]["wall"]),
+                fmt_ratio(ratio["eqopt-bucketed"]["step"]["wall"]),
                 fmt_ratio(ratio["eqopt-packed"]["step"]["wall"]),
                 fmt_ratio(ratio["optax-aa"]["step"]["wall"]),
                 fmt_ratio(ratio["eqopt"]["compile"]["wall"]),
+                fmt_ratio(ratio["eqopt-bucketed"]["compile"]["wall"]),
                 fmt_ratio(ratio["eqopt-packed"]["compile"]["wall"]),
                 fmt_ratio(ratio["optax-aa"]["compile"]["wall"]),
                 "-"
@@ -725,7 +732,7 @@ def main(argv=None):
     print(table(results))
     print(
         "Ratios of medians to Optax's (< 1: faster than Optax), wall-clock. step eqopt: the\n"
-        "default path (params as they are); step packed: params made by `eqopt.pack`; A/A: Optax\n"
+        "default path (params as they are); bucketed: `eqopt.bucketed(opt)`; step packed: params made by `eqopt.pack`; A/A: Optax\n"
         "against itself, the noise of the measurement. compile = trace + XLA compile of the\n"
         "optimiser step (update + apply_updates, params and state donated). roofline (one-big\n"
         "tree): median step / (minimum bytes moved / the streaming bandwidth measured in the\n"

@@ -62,6 +62,11 @@ with _jaxtyping.install_import_hook("eqopt", "eqopt._typecheck.typechecker"):
         partition as partition,
     )
     from ._filters import FilterSpec as FilterSpec
+    from ._fused._bucketed import (
+        Bucketed as Bucketed,
+        BucketedState as BucketedState,
+        bucketed as bucketed,
+    )
     from ._fused._pack import Packed as Packed, pack as pack
     from ._hyper import ScalarOrSchedule as ScalarOrSchedule
     from ._linalg import (

@@ -228,3 +228,59 @@ def test_packed_mixed_dtypes_and_frozen_leaves(make):
         model = eqopt.apply_updates(model, updates)
         packed = eqopt.apply_updates(packed, packed_updates)
     assert packed.unpack()["b"].dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("case", PACKABLE, ids=[c.name for c in PACKABLE])
+def test_bucketed_matches_per_leaf(case):
+    """`bucketed(tx)` gives every registry transform's per-leaf updates, model-shaped."""
+    model = make_model()
+    tx = build(case.make, model)
+    bucketed = eqopt.bucketed(build(case.make, model))
+    state, bucketed_state = tx.init(model), bucketed.init(model)
+    for step in range(3):
+        grads = random_grads(model, step)
+        extra = {} if case.extra_args is None else case.extra_args(model, grads)
+        updates, state = tx.update(grads, state, model, **extra)
+        bucketed_updates, bucketed_state = bucketed.update(
+            grads, bucketed_state, model, **extra
+        )
+        assert_tree_allclose(
+            _trainable(bucketed_updates), _trainable(updates), rtol=1e-5, atol=1e-6
+        )
+        assert bucketed_updates.activation is None
+        model = eqopt.apply_updates(model, updates)
+    # The state reads model-shaped once unpacked.
+    unpacked = bucketed_state.unpacked()
+    assert jax.tree.structure(unpacked) == jax.tree.structure(state)
+
+
+def test_bucketed_state_is_few_buffers_and_jits_without_retrace():
+    model = eqx.nn.MLP(3, 2, 8, 4, key=jax.random.key(0))
+    opt = eqopt.bucketed(eqopt.adamw(1e-2))
+    state = opt.init(model)
+    moments = [x for x in jax.tree.leaves(state) if eqx.is_inexact_array(x)]
+    assert len(moments) == 2  # mu and nu, one buffer each
+    traces = []
+
+    @eqx.filter_jit
+    def step(opt, model, state):
+        traces.append(None)
+        grads = eqx.filter_grad(lambda m: jnp.sum(m(jnp.ones(3)) ** 2))(model)
+        updates, state = opt.update(grads, state, model)
+        return eqopt.apply_updates(model, updates), state
+
+    model, state = step(opt, model, state)
+    faster = eqx.tree_at(
+        lambda o: o.inner.scale_by_learning_rate.learning_rate, opt, jnp.asarray(3e-2)
+    )
+    model, state = step(faster, model, state)
+    assert len(traces) == 1
+    mu = state.unpacked().scale_by_adam.mu
+    assert jax.tree.structure(mu) == jax.tree.structure(eqx.filter(model, eqx.is_inexact_array))
+
+
+def test_bucketed_updates_for_other_params_is_an_error():
+    opt = eqopt.bucketed(eqopt.adam(1e-2))
+    state = opt.init({"w": jnp.ones(3)})
+    with pytest.raises(ValueError, match="made by this transform's `init`"):
+        opt.update({"v": jnp.ones(3)}, state)

@@ -270,3 +270,27 @@ def repack_like(reference: Any, tree: Any) -> Any:
             for ref, node in zip(reference_nodes, nodes, strict=True)
         ],
     )
+
+
+def packed_from_layout(layout: _Layout, treedef: Any, tree: PyTree[Any]) -> Packed:
+    """Packs a tree shaped like the model that `layout` and `treedef` describe.
+
+    Trainable leaves that are `None` become zeros; every other leaf of the
+    result's `rest` is `None`.
+    """
+    leaves, tree_treedef = jax.tree.flatten(tree, is_leaf=is_none)
+    if tree_treedef != treedef:
+        raise ValueError(
+            "The updates do not have the structure of the params the bucketed state was "
+            "made for: was the state made by this transform's `init` on these params?"
+        )
+    filled = list(leaves)
+    for slot in layout.slots:
+        if filled[slot.leaf_index] is None:
+            dtype = layout.buffers[slot.buffer][0]
+            filled[slot.leaf_index] = jnp.zeros(slot.shape, dtype)
+    return Packed(
+        buffers=_concatenate(filled, layout),
+        rest=jax.tree.unflatten(treedef, [None] * len(leaves)),
+        layout=layout,
+    )
