@@ -153,7 +153,9 @@ def test_adaptive_grad_clip_clips_per_unit():
 def test_adaptive_grad_clip_axis_on_an_equinox_mlp():
     """`axis=-1` gives one unit per output neuron of `eqx.nn.Linear` (out, in)."""
     mlp = eqx.nn.MLP(3, 2, 4, 1, key=jax.random.key(0))
-    grads = jax.tree.map(lambda x: 100.0 * jnp.ones_like(x), eqx.filter(mlp, eqx.is_array))
+    grads = jax.tree.map(
+        lambda x: 100.0 * jnp.ones_like(x), eqx.filter(mlp, eqx.is_array)
+    )
     tx = eqopt.adaptive_grad_clip(0.1, axis=-1)
     updates, _ = tx.update(grads, tx.init(mlp), mlp)
     for layer, update in zip(mlp.layers, updates.layers, strict=True):

@@ -239,8 +239,8 @@ def fromage(learning_rate: ScalarOrSchedule, min_norm: ScalarLike = 1e-6) -> Cha
     growing. The chain is [`eqopt.ScaleByTrustRatio`][],
     [`eqopt.ScaleByLearningRate`][] (by $\eta / \sqrt{1 + \eta^2}$) and
     [`eqopt.AddDecayedWeights`][] (by $1 / \sqrt{1 + \eta^2} - 1$); `update`
-    needs `params`. A scheduled learning rate is accepted (Optax's fails on
-    one).
+    needs `params`. With a scheduled learning rate both factors follow the
+    schedule.
 
     **Arguments:**
 
