@@ -256,6 +256,13 @@ def _unitwise_norm(x, axes):
     return jnp.broadcast_to(jnp.sqrt(squared), x.shape)
 
 
+def _as_axes(
+    axis: int | tuple[int, ...] | list[int] | None,
+) -> int | tuple[int, ...] | None:
+    # A static field must be hashable: a list of axes becomes a tuple.
+    return tuple(axis) if isinstance(axis, list) else axis
+
+
 class AdaptiveGradClip(AbstractGradientTransformation):
     r"""Adaptive gradient clipping (AGC): clips each unit's update relative to its weights' norm.
 
@@ -296,7 +303,9 @@ class AdaptiveGradClip(AbstractGradientTransformation):
 
     clipping: Float[Array, ""] = eqx.field(converter=as_scalar)
     eps: Float[Array, ""] = eqx.field(default=1e-3, converter=as_scalar)
-    axis: int | tuple[int, ...] | None = eqx.field(default=None, static=True)
+    axis: int | tuple[int, ...] | None = eqx.field(
+        default=None, static=True, converter=_as_axes
+    )
 
     @property
     def elementwise(self) -> bool:

@@ -344,7 +344,9 @@ def adafactor(
       parameters.
     - `clipping_threshold`: $d$, or `None` for no update clipping.
     - `momentum`: $\beta_1$, or `None` for no momentum.
-    - `dtype_momentum`: dtype of the momentum buffer.
+    - `dtype_momentum`: dtype of the momentum buffer. For complex parameters
+      give a complex dtype: the default `float32` buffer keeps only the real
+      part of the updates (as in Optax).
     - `weight_decay_rate`: $\lambda$, a number or a schedule, or `None`.
     - `eps`: $\epsilon_1$, added to $|g|^2$.
     - `factored`: whether to factor second moments at all.
