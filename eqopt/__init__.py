@@ -241,6 +241,34 @@ with _jaxtyping.install_import_hook("eqopt", "eqopt._typecheck.typechecker"):
     )
     from .tree import map_params as tree_map_params  # noqa: F401 (Optax's name)
 
+    # isort: split
+    # Adafactor, trust ratios and per-block scaling (issue 7).
+    from ._transform.block import (
+        AdaptiveGradClip as AdaptiveGradClip,
+        ClipByBlockRms as ClipByBlockRms,
+        NormalizeByUpdateNorm as NormalizeByUpdateNorm,
+        ScaleByParamBlockNorm as ScaleByParamBlockNorm,
+        ScaleByParamBlockRms as ScaleByParamBlockRms,
+        adaptive_grad_clip as adaptive_grad_clip,
+        clip_by_block_rms as clip_by_block_rms,
+        normalize_by_update_norm as normalize_by_update_norm,
+        scale_by_param_block_norm as scale_by_param_block_norm,
+        scale_by_param_block_rms as scale_by_param_block_rms,
+    )
+    from ._transform.factored import (
+        ScaleByFactoredRms as ScaleByFactoredRms,
+        ScaleByFactoredRmsState as ScaleByFactoredRmsState,
+        adafactor as adafactor,
+        scale_by_factored_rms as scale_by_factored_rms,
+    )
+    from ._transform.trust_ratio import (
+        ScaleByTrustRatio as ScaleByTrustRatio,
+        fromage as fromage,
+        lamb as lamb,
+        lars as lars,
+        scale_by_trust_ratio as scale_by_trust_ratio,
+    )
+
 try:
     __version__ = importlib.metadata.version("eqopt")
 except importlib.metadata.PackageNotFoundError:  # running from a checkout
