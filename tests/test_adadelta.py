@@ -93,3 +93,19 @@ def test_adadelta_trains():
 def test_adadelta_rejects_bad_rho():
     with pytest.raises(ValueError, match="rho"):
         eqopt.adadelta(rho=1.5)
+
+
+def test_adadelta_complex_updates_rotate_the_real_ones():
+    # Optax squares complex gradients without conjugating (so it has no complex
+    # parity case); eqopt uses |g|^2, so a complex gradient a e^{i phi} gets the
+    # update of the real gradient a, rotated by e^{i phi}.
+    magnitudes = [jnp.array([0.5, 2.0]), jnp.array([1.0, 0.1]), jnp.array([3.0, 1.0])]
+    phase = jnp.exp(1j * jnp.array([0.3, -2.0])).astype(jnp.complex64)
+    tx = eqopt.scale_by_adadelta(rho=0.5, eps=1e-3)
+    real_state = tx.init({"w": jnp.zeros(2)})
+    complex_state = tx.init({"w": jnp.zeros(2, jnp.complex64)})
+    assert complex_state.e_g["w"].dtype == jnp.float32
+    for a in magnitudes:
+        real, real_state = tx.update({"w": a}, real_state)
+        rotated, complex_state = tx.update({"w": a * phase}, complex_state)
+        np.testing.assert_allclose(rotated["w"], real["w"] * phase, rtol=1e-5)

@@ -113,3 +113,17 @@ def test_dog_state_dtypes_are_stable():
 def test_dog_trains():
     first, last = train_regression(_descending_dog(eqopt, reps_rel=1e-4))
     assert last < 0.5 * first
+
+
+def test_dog_scalar_parameter_keeps_its_shape():
+    params = {"s": jnp.asarray(2.0), "v": jnp.ones(3)}
+    grads = {"s": jnp.asarray(0.5), "v": jnp.ones(3)}
+    tx = eqopt.scale_by_distance_over_gradients()
+    updates, _ = tx.update(grads, tx.init(params), params)
+    assert updates["s"].shape == ()
+    reference = optax.scale_by_distance_over_gradients()
+    with jax.numpy_rank_promotion("allow"):
+        reference_updates, _ = reference.update(grads, reference.init(params), params)
+    assert reference_updates["s"].shape == (1,)  # Optax's, fixed here
+    np.testing.assert_allclose(updates["s"], reference_updates["s"][0], rtol=1e-6)
+    np.testing.assert_allclose(updates["v"], reference_updates["v"], rtol=1e-6)

@@ -1,5 +1,6 @@
 """NovoGrad: registry cases and behaviour."""
 
+import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -64,6 +65,11 @@ def test_novograd_needs_params_only_for_weight_decay():
     decaying = eqopt.scale_by_novograd(weight_decay=0.1)
     with pytest.raises(ValueError, match="needs `params`"):
         decaying.update(grads, decaying.init(grads))
+    # Under jit the decay is a traced leaf: checked when the step runs.
+    update = eqx.filter_jit(lambda tx, g, state: tx.update(g, state))
+    update(tx, grads, tx.init(grads))
+    with pytest.raises(Exception, match="needs `params`"):
+        update(decaying, grads, decaying.init(grads))
 
 
 def test_novograd_trains():

@@ -131,3 +131,16 @@ def test_sm3_momentum_none_means_no_momentum():
 def test_sm3_trains():
     first, last = train_regression(eqopt.sm3(0.1))
     assert last < 0.2 * first
+
+
+def test_sm3_scalar_leaf_where_optax_raises():
+    params = {"s": jnp.asarray(1.0)}
+    grads = {"s": jnp.asarray(-3.0)}
+    reference = optax.sm3(0.1)
+    with pytest.raises(IndexError):
+        reference.update(grads, reference.init(params), params)
+    # No accumulator: nu = g^2, so the scaled gradient is sign(g).
+    tx = eqopt.scale_by_sm3(b1=0.5)
+    updates, state = tx.update(grads, tx.init(params))
+    np.testing.assert_allclose(updates["s"], -0.5)
+    assert state.mu["s"] == ()

@@ -31,10 +31,10 @@ class ScaleByPolyak(AbstractGradientTransformation):
 
     where $f(\theta_t)$ is the objective's current value, passed to `update` as
     the keyword argument `value`, and $\|g_t\|$ is the norm of all the updates
-    together (so the transform is elementwise in the sense of fusion). A zero
-    gradient gives a zero update, as in Optax. With
-    `variant="sps+"` the gap is clipped at zero, $(f(\theta_t) - f^\star)_+$.
-    Follow with a negative scaling to descend, as [`eqopt.polyak_sgd`][] does.
+    together (so the transform is elementwise in the sense of fusion). With
+    `variant="sps+"` the gap is clipped at zero, $(f(\theta_t) - f^\star)_+$. A
+    zero gradient gives a zero update, as in Optax. Follow with a negative
+    scaling to descend, as [`eqopt.polyak_sgd`][] does.
 
     !!! example
         ```python

@@ -60,7 +60,7 @@ class ScaleByRprop(AbstractGradientTransformation):
 
     **Arguments:**
 
-    - `learning_rate`: $\Delta_0$, the initial step size.
+    - `learning_rate`: $\Delta_0$, the initial step size (read by `init`).
     - `eta_minus`: $\eta^- \in (0, 1)$, the factor after a sign change.
     - `eta_plus`: $\eta^+ > 1$, the factor while the sign holds.
     - `min_step_size`, `max_step_size`: $\Delta_{\min}, \Delta_{\max}$.
