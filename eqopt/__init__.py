@@ -269,6 +269,74 @@ with _jaxtyping.install_import_hook("eqopt", "eqopt._typecheck.typechecker"):
         scale_by_trust_ratio as scale_by_trust_ratio,
     )
 
+    # isort: split
+    # Adaptive and game optimisers: AdaBelief, Adadelta, Adan, NovoGrad, RAdam,
+    # Rprop, SM3, Yogi, optimistic methods, Polyak's step, DoG.
+    from ._transform.adadelta import (
+        ScaleByAdadelta as ScaleByAdadelta,
+        ScaleByAdadeltaState as ScaleByAdadeltaState,
+        adadelta as adadelta,
+        scale_by_adadelta as scale_by_adadelta,
+    )
+    from ._transform.adan import (
+        ScaleByAdan as ScaleByAdan,
+        ScaleByAdanState as ScaleByAdanState,
+        adan as adan,
+        scale_by_adan as scale_by_adan,
+    )
+    from ._transform.belief import (
+        ScaleByBelief as ScaleByBelief,
+        ScaleByBeliefState as ScaleByBeliefState,
+        adabelief as adabelief,
+        scale_by_belief as scale_by_belief,
+    )
+    from ._transform.dog import (
+        ScaleByDistanceOverGradients as ScaleByDistanceOverGradients,
+        ScaleByDistanceOverGradientsState as ScaleByDistanceOverGradientsState,
+        scale_by_distance_over_gradients as scale_by_distance_over_gradients,
+    )
+    from ._transform.novograd import (
+        ScaleByNovograd as ScaleByNovograd,
+        ScaleByNovogradState as ScaleByNovogradState,
+        novograd as novograd,
+        scale_by_novograd as scale_by_novograd,
+    )
+    from ._transform.optimistic import (
+        ScaleByOptimisticGradient as ScaleByOptimisticGradient,
+        ScaleByOptimisticGradientState as ScaleByOptimisticGradientState,
+        optimistic_adam as optimistic_adam,
+        optimistic_adam_v2 as optimistic_adam_v2,
+        optimistic_gradient_descent as optimistic_gradient_descent,
+        scale_by_optimistic_gradient as scale_by_optimistic_gradient,
+    )
+    from ._transform.polyak import (
+        ScaleByPolyak as ScaleByPolyak,
+        polyak_sgd as polyak_sgd,
+        scale_by_polyak as scale_by_polyak,
+    )
+    from ._transform.radam import (
+        ScaleByRadam as ScaleByRadam,
+        radam as radam,
+        scale_by_radam as scale_by_radam,
+    )
+    from ._transform.rprop import (
+        ScaleByRprop as ScaleByRprop,
+        ScaleByRpropState as ScaleByRpropState,
+        rprop as rprop,
+        scale_by_rprop as scale_by_rprop,
+    )
+    from ._transform.sm3 import (
+        ScaleBySM3 as ScaleBySM3,
+        ScaleBySM3State as ScaleBySM3State,
+        scale_by_sm3 as scale_by_sm3,
+        sm3 as sm3,
+    )
+    from ._transform.yogi import (
+        ScaleByYogi as ScaleByYogi,
+        scale_by_yogi as scale_by_yogi,
+        yogi as yogi,
+    )
+
 try:
     __version__ = importlib.metadata.version("eqopt")
 except importlib.metadata.PackageNotFoundError:  # running from a checkout
