@@ -24,9 +24,9 @@ def _conditional_update(
     def apply():
         return wrapper.inner.update(updates, inner_state, params, **extra_args)
 
-    structure = eqx.filter_eval_shape(apply)[0]
-
     def skip():
+        # The inner transform's output dtypes, so both branches agree.
+        structure = eqx.filter_eval_shape(apply)[0]
         return otherwise(updates, structure), inner_state
 
     predicate = _should_transform(

@@ -163,11 +163,11 @@ def skip_large_updates(
 ) -> tuple[Bool[Array, ""], dict[str, Array]]:
     r"""A `should_skip_update_fn` for [`eqopt.MultiSteps`][]: skip a step with a large norm.
 
-    $$ \text{skip} \iff \|g\|_2^2 > N $$
+    $$ \text{skip} \iff \neg\big(\|g\|_2^2 < N\big) $$
 
     Use it as `functools.partial(eqopt.skip_large_updates, max_squared_norm=N)`.
-    As in Optax, a NaN norm is not "larger" than $N$: combine with
-    [`eqopt.skip_not_finite`][] (or [`eqopt.apply_if_finite`][]) to skip those.
+    A step is kept only if its squared norm is below $N$, so a step with an Inf
+    or a NaN is skipped too.
 
     **Arguments:**
 
@@ -185,5 +185,5 @@ def skip_large_updates(
     else:
         norm_squared = jnp.zeros([])
     norm_squared = jnp.asarray(norm_squared)
-    should_skip = norm_squared > max_squared_norm
+    should_skip = jnp.logical_not(norm_squared < max_squared_norm)
     return should_skip, {"should_skip": should_skip, "norm_squared": norm_squared}
