@@ -128,8 +128,8 @@ class MonitorState(eqx.Module):
 
     - `measurements`: `{name: latest measurement}`, read with
       `eqopt.tree.get(state, name)`.
-    - `measure_states`: the states of the stateful measures, in the order of
-      `measures` (`EmptyState()` for a plain callable).
+    - `measure_states`: the states of the measures, in the sorted order of
+      their names (`EmptyState()` for a plain callable).
     """
 
     measurements: dict[str, PyTree[Any]]
@@ -178,7 +178,9 @@ class Monitor(AbstractGradientTransformation):
                 "monitor: `measures` must be a dict from names to measures, got "
                 f"{type(measures).__name__}."
             )
-        self.measures = {name: _as_measure(m) for name, m in measures.items()}
+        # In sorted order, as JAX flattens a dict: the order of `measure_states`
+        # then survives a flatten/unflatten of the transform (under `filter_jit`).
+        self.measures = {name: _as_measure(measures[name]) for name in sorted(measures)}
 
     @property
     def elementwise(self) -> bool:
