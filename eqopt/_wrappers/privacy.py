@@ -6,7 +6,7 @@ from typing import Any, no_type_check
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray, PyTree, Real
+from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray, PyTree, Real, UInt32
 
 from .._base import (
     AbstractGradientTransformation,
@@ -157,9 +157,31 @@ def per_example_layer_norm_clip(
 
 
 class DifferentiallyPrivateAggregateState(eqx.Module):
-    """The state of [`eqopt.DifferentiallyPrivateAggregate`][]: the PRNG key for the next step."""
+    """The state of [`eqopt.DifferentiallyPrivateAggregate`][]: the PRNG key for the next step.
 
-    rng_key: PRNGKeyArray
+    - `rng_key`: the key's raw data (`jax.random.key_data`), so that the state
+      serialises with `eqx.tree_serialise_leaves` (a typed key does not).
+      Optax keeps the typed key; `state.key()` gives it back.
+    - `impl`: the name of the key's PRNG implementation.
+    """
+
+    rng_key: UInt32[Array, " _"]
+    impl: str = eqx.field(static=True, default="threefry2x32")
+
+    def key(self) -> PRNGKeyArray:
+        """The typed PRNG key."""
+        return jax.random.wrap_key_data(self.rng_key, impl=self.impl)
+
+
+def _state_of(key: PRNGKeyArray) -> DifferentiallyPrivateAggregateState:
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return DifferentiallyPrivateAggregateState(
+            rng_key=jax.random.key_data(key), impl=str(jax.random.key_impl(key))
+        )
+    # A raw key (`jax.random.PRNGKey`): the default implementation's data.
+    return DifferentiallyPrivateAggregateState(
+        rng_key=key, impl=str(jax.random.key_impl(jax.random.key(0)))
+    )
 
 
 def _as_key(key: Any, seed: Any) -> PRNGKeyArray:
@@ -209,7 +231,9 @@ class DifferentiallyPrivateAggregate(AbstractGradientTransformation):
     gradient leaf, in leaf order, as Optax does: the same key gives the same
     noise as Optax on params of the same structure.
 
-    Unlike Optax, a key is required: there is no default seed.
+    Unlike Optax, a key is required: there is no default seed. The state keeps
+    the key's raw data so that it serialises (see
+    [`eqopt.DifferentiallyPrivateAggregateState`][]).
 
     **Arguments:**
 
@@ -234,8 +258,13 @@ class DifferentiallyPrivateAggregate(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return False
 
+    @property
+    def per_example_updates(self) -> bool:
+        """The updates it takes have a batch axis 0 (a chain it starts checks them here)."""
+        return True
+
     def init(self, params: Params) -> DifferentiallyPrivateAggregateState:
-        return DifferentiallyPrivateAggregateState(rng_key=self.key)
+        return _state_of(self.key)
 
     def update(
         self,
@@ -248,7 +277,7 @@ class DifferentiallyPrivateAggregate(AbstractGradientTransformation):
         if params is not None:
             _check_against_params(updates, params)
         leaves = _present(updates)
-        keys = jax.random.split(state.rng_key, len(leaves) + 1)
+        keys = jax.random.split(state.key(), len(leaves) + 1)
         summed, _ = per_example_global_norm_clip(updates, self.l2_norm_clip)
         stddev = self.noise_multiplier * self.l2_norm_clip
         noise_keys = iter(keys[1:])
@@ -259,9 +288,7 @@ class DifferentiallyPrivateAggregate(AbstractGradientTransformation):
             noise = jax.random.normal(next(noise_keys), g.shape, g.dtype)
             return (g + stddev.astype(g.dtype) * noise) / batch_size
 
-        return jax.tree.map(
-            noisy_mean, summed, is_leaf=is_none
-        ), DifferentiallyPrivateAggregateState(rng_key=keys[0])
+        return jax.tree.map(noisy_mean, summed, is_leaf=is_none), _state_of(keys[0])
 
 
 def _check_against_params(updates: Any, params: Any) -> None:
