@@ -61,10 +61,11 @@ class MultiStepsState(eqx.Module):
     skip_state: PyTree[Any] = ()
 
 
-def _every_k(value: Any) -> int | None:
+def _every_k(every_k_schedule: Any) -> int | None:
     """The constant number of mini-steps, `None` for a schedule; one error for the rest."""
-    if callable(value) and not eqx.is_array(value):
+    if callable(every_k_schedule) and not eqx.is_array(every_k_schedule):
         return None
+    value: Any = every_k_schedule
     if isinstance(value, (bool, np.bool_)) or not (
         isinstance(value, (int, np.integer))
         or (

@@ -11,7 +11,6 @@ from jaxtyping import Array, Float, Int
 
 from .._base import (
     AbstractGradientTransformation,
-    OptState,
     Params,
     Updates,
     as_transform,
@@ -188,8 +187,8 @@ class Lookahead(AbstractGradientTransformation):
         state: LookaheadState,
         params: Params | None = None,
         **extra_args: Any,
-    ) -> tuple[Updates, OptState]:
-        params = _check_params(params, "update")
+    ) -> tuple[Any, LookaheadState]:
+        pair = _check_params(params, "update")
         if isinstance(updates, LookaheadParams):
             raise TypeError(
                 "lookahead.update: `updates` must be the gradients with respect to "
@@ -197,9 +196,9 @@ class Lookahead(AbstractGradientTransformation):
                 "LookaheadParams. Differentiate the loss at `params.fast`."
             )
         fast_updates, fast_state = self.fast_optimizer.update(
-            updates, state.fast_state, params.fast, **extra_args
+            updates, state.fast_state, pair.fast, **extra_args
         )
-        check_updates(fast_updates, params.fast, reference_name="params.fast")
+        check_updates(fast_updates, pair.fast, reference_name="params.fast")
         steps_since_sync = (state.steps_since_sync + 1) % self.sync_period
         sync = steps_since_sync == 0
         alpha = self.slow_step_size
@@ -221,13 +220,13 @@ class Lookahead(AbstractGradientTransformation):
             moved = target(u, fast, slow) - slow
             return jnp.where(sync, moved, jnp.zeros_like(moved)).astype(u.dtype)
 
-        trees = (fast_updates, params.fast, params.slow)
+        trees = (fast_updates, pair.fast, pair.slow)
         fast_out = jax.tree.map(fast_step, *trees, is_leaf=is_none)
         slow_out = jax.tree.map(slow_step, *trees, is_leaf=is_none)
         if self.reset_state:
             synced = jax.tree.map(
                 lambda p, u: p if u is None else p + u,
-                params.fast,
+                pair.fast,
                 fast_out,
                 is_leaf=is_none,
             )
