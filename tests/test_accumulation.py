@@ -322,3 +322,25 @@ def test_apply_every_k_is_a_dynamic_leaf_and_checked():
         eqopt.apply_every(0)
     with pytest.raises(TypeError):
         eqopt.apply_every(1.5)  # pyright: ignore[reportArgumentType]
+
+
+def test_every_k_one_with_a_skip_rule_and_a_float_schedule():
+    params = {"w": jnp.zeros(2)}
+    opt = eqopt.MultiSteps(
+        eqopt.sgd(1.0), 1, should_skip_update_fn=eqopt.skip_not_finite
+    )
+    state = opt.init(params)
+    assert state.acc_grads is None
+    updates, state = opt.update({"w": jnp.array([jnp.nan, 1.0])}, state, params)
+    np.testing.assert_array_equal(updates["w"], 0.0)
+    assert int(state.gradient_step) == 0
+    updates, state = opt.update({"w": jnp.array([2.0, 1.0])}, state, params)
+    np.testing.assert_array_equal(updates["w"], [-2.0, -1.0])
+    # eqopt's schedules return floats: 2.0 mini-steps per update.
+    opt = eqopt.MultiSteps(eqopt.sgd(1.0), eqopt.schedules.constant_schedule(2))
+    state = opt.init(params)
+    pattern = []
+    for _ in range(4):
+        _, state = opt.update({"w": jnp.ones(2)}, state, params)
+        pattern.append(bool(opt.has_updated(state)))
+    assert pattern == [False, True, False, True]
