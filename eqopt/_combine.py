@@ -137,6 +137,14 @@ class Chain(_NamedTuple, AbstractGradientTransformation):
 
     handles_packed = True
 
+    @property
+    def per_example_updates(self) -> bool:
+        """Whether the chain takes per-example updates (its first part does)."""
+        return bool(
+            self.transforms
+            and getattr(self.transforms[0], "per_example_updates", False)
+        )
+
     def init(self, params: Params) -> ChainState:
         return ChainState(tuple(t.init(params) for t in self.transforms), self.names)
 
@@ -152,7 +160,10 @@ class Chain(_NamedTuple, AbstractGradientTransformation):
                 f"The chain has {len(self.transforms)} parts but its state has "
                 f"{len(state.states)}."
             )
-        if params is not None:
+        # A chain that starts by aggregating per-example gradients (DP-SGD) gets
+        # updates with a batch axis; its first part checks them instead.
+        per_example = self.per_example_updates
+        if params is not None and not per_example:
             check_updates(updates, params)
         new_states = []
         for transform, part_state in zip(self.transforms, state.states):

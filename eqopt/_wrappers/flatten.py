@@ -1,0 +1,141 @@
+"""Running a transform on one flat vector: `flatten`."""
+
+from typing import Any, no_type_check
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from .._base import (
+    AbstractGradientTransformation,
+    Params,
+    Updates,
+    as_transform,
+    check_updates,
+    is_none,
+    is_trainable,
+)
+
+
+@no_type_check
+def _positions(reference: Any) -> list[int]:
+    """Indices (in the flattening with `None` as a leaf) of the leaves that go in the vector."""
+    leaves = jax.tree.leaves(reference, is_leaf=is_none)
+    return [i for i, leaf in enumerate(leaves) if is_trainable(leaf)]
+
+
+@no_type_check
+def _ravel(tree: Any, positions: list[int], like: Any) -> Any:
+    """One vector of the leaves of `tree` at `positions`, in their promoted dtype.
+
+    A `None` at one of the positions contributes zeros of the size of the
+    corresponding leaf of `like`.
+    """
+    leaves = jax.tree.leaves(tree, is_leaf=is_none)
+    like_leaves = jax.tree.leaves(like, is_leaf=is_none)
+    present = [leaves[i] for i in positions if leaves[i] is not None]
+    if not present:
+        return None
+    dtype = jnp.result_type(*[leaf.dtype for leaf in present])
+    pieces = [
+        jnp.zeros(like_leaves[i].size, dtype)
+        if leaves[i] is None
+        else jnp.ravel(leaves[i]).astype(dtype)
+        for i in positions
+    ]
+    return jnp.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+
+
+@no_type_check
+def _unravel(flat: Any, updates: Any, positions: list[int], like: Any) -> Any:
+    """Splits `flat` back into the leaves of `updates` (each in its own dtype)."""
+    leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
+    like_leaves = jax.tree.leaves(like, is_leaf=is_none)
+    out = [None] * len(leaves)
+    offset = 0
+    for i in positions:
+        reference = like_leaves[i]
+        size = reference.size
+        if leaves[i] is not None and flat is not None:
+            piece = flat[offset : offset + size].reshape(reference.shape)
+            if jnp.iscomplexobj(piece) and not jnp.iscomplexobj(leaves[i]):
+                piece = jnp.real(piece)
+            out[i] = piece.astype(leaves[i].dtype)
+        offset += size
+    return jax.tree.unflatten(treedef, out)
+
+
+class FlattenState(eqx.Module):
+    """The state of [`eqopt.Flatten`][]: the inner transform's state, for the flat vector."""
+
+    inner_state: Any
+
+
+class Flatten(AbstractGradientTransformation):
+    r"""Runs `inner` on one flat vector holding every trainable leaf of the model.
+
+    $$
+    v = \operatorname{concat}_i \operatorname{vec}(g_i), \qquad
+    (u_v, s) = \texttt{inner.update}(v, s, \operatorname{concat}_i
+    \operatorname{vec}(\theta_i)), \qquad u_i = \operatorname{reshape}(u_v[i])
+    $$
+
+    The leaves are the inexact arrays of the params, in pytree order; every
+    other leaf of a whole Equinox model (functions, ints, strings) is left out
+    and gets a `None` update. One vector instead of many small leaves reduces
+    per-leaf overhead, at the cost of a copy.
+
+    - **`None` gradients** pass through: a trainable leaf whose gradient is
+      `None` contributes zeros to the vector (so the inner transform sees a
+      zero gradient there) and gets a `None` update. Without `params` in
+      `update`, the vector is made of the leaves whose updates are not `None`,
+      which must then be the same leaves as at `init`.
+    - **Mixed dtypes**: the vector has the promoted dtype of the leaves
+      (`jnp.result_type`, as Optax's `ravel_pytree`): `bfloat16` with
+      `float32` gives a `float32` vector, real with complex a complex one. Each
+      update is cast back to its own leaf's dtype (the real part for a real
+      leaf). To keep low-precision leaves in their own buffers instead, wrap
+      each dtype's leaves separately with [`eqopt.partition`][].
+
+    **Arguments:**
+
+    - `inner`: the transform to run on the flat vector.
+    """
+
+    inner: AbstractGradientTransformation
+
+    def __init__(self, inner: Any):
+        self.inner = as_transform(inner)
+
+    @property
+    def elementwise(self) -> bool:
+        return self.inner.elementwise
+
+    def init(self, params: Params) -> FlattenState:
+        positions = _positions(params)
+        return FlattenState(self.inner.init(_ravel(params, positions, params)))
+
+    def update(
+        self,
+        updates: Updates,
+        state: FlattenState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, FlattenState]:
+        if params is not None:
+            check_updates(updates, params)
+        like = updates if params is None else params
+        positions = _positions(like)
+        flat_updates = _ravel(updates, positions, like)
+        flat_params = None if params is None else _ravel(params, positions, params)
+        flat_updates, inner_state = self.inner.update(
+            flat_updates, state.inner_state, flat_params, **extra_args
+        )
+        return _unravel(flat_updates, updates, positions, like), FlattenState(
+            inner_state
+        )
+
+
+def flatten(inner: Any) -> Flatten:
+    """Optax spelling of [`eqopt.Flatten`][]."""
+    return Flatten(inner)
