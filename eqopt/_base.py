@@ -175,6 +175,7 @@ def pretty(module: eqx.Module) -> str:
     return eqx.tree_pformat(jax.tree.map(_readable, module))
 
 
+@no_type_check
 def _unpacking_init(method: Callable) -> Callable:
     @functools.wraps(method)
     def init(self, params):
@@ -185,6 +186,7 @@ def _unpacking_init(method: Callable) -> Callable:
     return init
 
 
+@no_type_check
 def _unpacking_update(method: Callable) -> Callable:
     @functools.wraps(method)
     def update(self, updates, state, params=None, **extra_args):
@@ -238,6 +240,7 @@ class AbstractGradientTransformation(eqx.Module):
     #: trees on to their parts set this.
     handles_packed: ClassVar[bool] = False
 
+    @no_type_check
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         for name, wrap in (("init", _unpacking_init), ("update", _unpacking_update)):

@@ -24,9 +24,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-import beartype
 import jaxtyping
-from beartype.roar import BeartypeCallHintViolation
 
 
 class ArgumentTypeError(jaxtyping.AnnotationError, jaxtyping.TypeCheckError):
@@ -112,7 +110,7 @@ def _hint(value: Any, annotation: Any) -> str:
     return ""
 
 
-def _message(fn: Callable, error: BeartypeCallHintViolation, args, kwargs) -> str:
+def _message(fn: Callable, error: Exception, args, kwargs) -> str:
     owner = _owner(fn)
     match = _PARAMETER.search(str(error))
     if match is None:
@@ -145,8 +143,12 @@ def typechecker(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         nonlocal checked
+        # beartype itself is imported on the first check, not with eqopt.
+        from beartype import beartype
+        from beartype.roar import BeartypeCallHintViolation
+
         if checked is None:
-            checked = beartype.beartype(fn)
+            checked = beartype(fn)
         try:
             return checked(*args, **kwargs)
         except BeartypeCallHintViolation as error:

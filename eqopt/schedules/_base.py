@@ -3,7 +3,7 @@
 import abc
 import operator
 from collections.abc import Callable
-from typing import Any
+from typing import Any, no_type_check
 
 import equinox as eqx
 import jax
@@ -25,6 +25,7 @@ def _as_static_ints(values) -> tuple[int, ...]:
     return tuple(operator.index(value) for value in values)
 
 
+@no_type_check  # called when classes are defined: not worth a check at import
 def static_steps(**kwargs):
     """A static field holding a number of steps, a Python `int`."""
     return eqx.field(static=True, converter=_as_static_int, **kwargs)

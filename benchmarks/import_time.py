@@ -1,0 +1,54 @@
+"""How much `import eqopt` costs on top of `import jax, equinox`.
+
+Each repetition starts fresh interpreters that import `jax, equinox` and
+`eqopt`, alternating which goes first, and the script prints the medians and
+their difference. Bytecode caching is left on (as for any installed package):
+the first, untimed, round fills the caches.
+
+    python benchmarks/import_time.py            # 15 repetitions
+    python benchmarks/import_time.py --reps 31
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+STATEMENTS = {
+    "jax, equinox": "import jax, equinox",
+    "eqopt": "import eqopt",
+    "optax": "import optax",
+}
+
+
+def once(statement: str) -> float:
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", statement], check=True, env=env)
+    return time.perf_counter() - start
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=15)
+    args = parser.parse_args(argv)
+    names = list(STATEMENTS)
+    for name in names:  # fill the bytecode caches
+        once(STATEMENTS[name])
+    samples = {name: [] for name in names}
+    for rep in range(args.reps):
+        order = names if rep % 2 == 0 else names[::-1]
+        for name in order:
+            samples[name].append(once(STATEMENTS[name]))
+    medians = {name: statistics.median(values) for name, values in samples.items()}
+    for name in names:
+        print(f"import {name:<14} median {medians[name]:.3f} s")
+    extra = medians["eqopt"] - medians["jax, equinox"]
+    print(f"eqopt on top of jax + equinox: {extra:+.3f} s (target: within 0.3 s)")
+
+
+if __name__ == "__main__":
+    main()
