@@ -22,6 +22,11 @@ def loss(model: Model) -> jax.Array:
     return jnp.sum(y**2) + model.depth
 
 
+def _extra(case, model, grads) -> dict:
+    """The case's extra `update` arguments (such as `value`), for every generic test."""
+    return {} if case.extra_args is None else case.extra_args(model, grads)
+
+
 @pytest.mark.parametrize("case", ALL_CASES, ids=CASE_IDS)
 def test_whole_model_init_update(case):
     model = make_model()
@@ -30,7 +35,7 @@ def test_whole_model_init_update(case):
     grads = eqx.filter_grad(loss)(model)
     assert grads.activation is None and grads.indices is None and grads.name is None
     for _ in range(2):
-        updates, state = tx.update(grads, state, model)
+        updates, state = tx.update(grads, state, model, **_extra(case, model, grads))
         # Non-trainable leaves get None; trainable ones keep their shape.
         assert updates.activation is None and updates.indices is None
         assert updates.w.shape == (4, 3) and updates.s.shape == ()
@@ -51,7 +56,7 @@ def test_jit_no_retrace_when_hyperparameter_changes(case):
     def step(tx, model, state):
         traces.append(None)
         grads = eqx.filter_grad(loss)(model)
-        updates, state = tx.update(grads, state, model)
+        updates, state = tx.update(grads, state, model, **_extra(case, model, grads))
         return eqopt.apply_updates(model, updates), state
 
     state = tx.init(model)
@@ -80,7 +85,8 @@ def test_state_is_typed_module_and_serialises(case):
     tx = build(case.make, model)
     state = tx.init(model)
     assert isinstance(state, eqx.Module)
-    _, state = tx.update(eqx.filter_grad(loss)(model), state, model)
+    grads = eqx.filter_grad(loss)(model)
+    _, state = tx.update(grads, state, model, **_extra(case, model, grads))
     buffer = io.BytesIO()
     eqx.tree_serialise_leaves(buffer, state)
     buffer.seek(0)
@@ -164,8 +170,13 @@ def test_elementwise_claim(case):
     state, flat_state = tx.init(params), flat_tx.init(flat_params)
     for step in range(3):
         grads = as_dict(random_grads(model, step))
-        updates, state = tx.update(grads, state, params)
-        flat_updates, flat_state = flat_tx.update(flat(grads), flat_state, flat_params)
+        updates, state = tx.update(grads, state, params, **_extra(case, params, grads))
+        flat_updates, flat_state = flat_tx.update(
+            flat(grads),
+            flat_state,
+            flat_params,
+            **_extra(case, flat_params, flat(grads)),
+        )
         assert_tree_allclose(flat(updates), flat_updates, rtol=1e-5, atol=1e-6)
         params = eqopt.apply_updates(params, updates)
         flat_params = eqopt.apply_updates(flat_params, flat_updates)
