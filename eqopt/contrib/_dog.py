@@ -4,7 +4,7 @@ DoG is from Ivgi, Hinder & Carmon (2023), DoWG from Khaled, Mishchenko & Jin
 (2023).
 """
 
-from typing import Any, Literal, no_type_check
+from typing import Any, no_type_check
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -142,9 +142,7 @@ class ScaleByDoG(AbstractGradientTransformation):
 
 def dog(
     learning_rate: ScalarOrSchedule = 1.0,
-    init_step: tuple[
-        Literal["distance", "learning_rate", "heuristic"], ScalarLike
-    ] = ("heuristic", 1e-6),
+    init_step: tuple[str, ScalarLike] = ("heuristic", 1e-6),
     eps: ScalarLike = 1e-8,
     weight_decay: ScalarLike | None = None,
     mask: FilterSpec | None = None,
