@@ -110,7 +110,10 @@ def test_complex_simplified_uses_the_modulus():
 
 @pytest.mark.parametrize(
     "make",
-    [lambda: eqopt.contrib.ademamix(1e-2), lambda: eqopt.contrib.simplified_ademamix(1e-3)],
+    [
+        lambda: eqopt.contrib.ademamix(1e-2),
+        lambda: eqopt.contrib.simplified_ademamix(1e-3),
+    ],
     ids=["ademamix", "simplified"],
 )
 def test_training_reduces_loss(make):

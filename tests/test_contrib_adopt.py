@@ -32,9 +32,7 @@ TRANSFORM_CASES = [
     ),
     Case(
         "contrib.adopt-clip-fn-mu-dtype",
-        lambda: eqopt.contrib.adopt(
-            1e-2, clip_value_fn=_clip, mu_dtype=jnp.float32
-        ),
+        lambda: eqopt.contrib.adopt(1e-2, clip_value_fn=_clip, mu_dtype=jnp.float32),
         lambda: optax.contrib.adopt(1e-2, clip_value_fn=_clip, mu_dtype=jnp.float32),
     ),
 ]

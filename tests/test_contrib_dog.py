@@ -12,7 +12,12 @@ import eqopt
 ALL_DTYPES = ("float32", "bfloat16", "complex64")
 
 TRANSFORM_CASES = [
-    Case("contrib.dog", lambda: eqopt.contrib.dog(), lambda: optax.contrib.dog(), ALL_DTYPES),
+    Case(
+        "contrib.dog",
+        lambda: eqopt.contrib.dog(),
+        lambda: optax.contrib.dog(),
+        ALL_DTYPES,
+    ),
     Case(
         "contrib.dog-distance",
         lambda: eqopt.contrib.dog(0.5, init_step=("distance", 0.3)),
@@ -33,7 +38,12 @@ TRANSFORM_CASES = [
         ),
         ALL_DTYPES,
     ),
-    Case("contrib.dowg", lambda: eqopt.contrib.dowg(), lambda: optax.contrib.dowg(), ALL_DTYPES),
+    Case(
+        "contrib.dowg",
+        lambda: eqopt.contrib.dowg(),
+        lambda: optax.contrib.dowg(),
+        ALL_DTYPES,
+    ),
     Case(
         "contrib.dowg-options",
         lambda: eqopt.contrib.dowg(0.5, init_estim_sq_dist=0.3, weight_decay=0.1),
@@ -93,7 +103,9 @@ def test_chain_layout_matches_optax():
 
 
 @pytest.mark.parametrize(
-    "make", [lambda: eqopt.contrib.dog(), lambda: eqopt.contrib.dowg()], ids=["dog", "dowg"]
+    "make",
+    [lambda: eqopt.contrib.dog(), lambda: eqopt.contrib.dowg()],
+    ids=["dog", "dowg"],
 )
 def test_training_reduces_loss(make):
     # DoG starts from a step of 1e-6 times the parameter norm and warms up.

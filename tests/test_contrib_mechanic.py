@@ -68,7 +68,9 @@ def test_an_optax_base_optimiser_is_accepted():
         updates, state = ours.update(grads, state, params)
         expected, reference_state = reference.update(grads, reference_state, params)
         for key in params:
-            np.testing.assert_allclose(updates[key], expected[key], rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(
+                updates[key], expected[key], rtol=1e-4, atol=1e-6
+            )
         params = eqopt.apply_updates(params, updates)
 
 
@@ -86,3 +88,20 @@ def test_bad_num_betas_is_named():
 def test_training_reduces_loss():
     initial, final = train(eqopt.contrib.mechanize(eqopt.adam(1e-2)), steps=100)
     assert final < 0.5 * initial
+
+
+def test_bfloat16_parameters_are_trained_where_optax_stalls():
+    # Optax recovers the sum of base updates from x_t - x_0, which bfloat16
+    # rounds to zero while the scale is small: its parameters never move.
+    # eqopt keeps the sum in the state.
+    results = {}
+    for library in (optax, eqopt):
+        tx = library.contrib.mechanize(library.sgd(1e-2))
+        params = {"x": jnp.ones(5, jnp.bfloat16)}
+        state = tx.init(params)
+        for _ in range(100):
+            updates, state = tx.update({"x": params["x"] - 3.0}, state, params)
+            params = library.apply_updates(params, updates)
+        results[library.__name__] = float(params["x"][0])
+    assert results["optax"] == 1.0
+    assert abs(results["eqopt"] - 3.0) < 0.1

@@ -27,8 +27,13 @@ def _small_value(model, grads):
 
 
 TRANSFORM_CASES = [
-    Case("contrib.momo", lambda: eqopt.contrib.momo(), lambda: optax.contrib.momo(),
-         ALL_DTYPES, extra_args=_value),
+    Case(
+        "contrib.momo",
+        lambda: eqopt.contrib.momo(),
+        lambda: optax.contrib.momo(),
+        ALL_DTYPES,
+        extra_args=_value,
+    ),
     Case(
         "contrib.momo-decay-bound",
         lambda: eqopt.contrib.momo(0.3, beta=0.8, lower_bound=0.1, weight_decay=0.1),
@@ -47,8 +52,12 @@ TRANSFORM_CASES = [
         ALL_DTYPES,
         extra_args=_small_value,
     ),
-    Case("contrib.momo_adam", lambda: eqopt.contrib.momo_adam(),
-         lambda: optax.contrib.momo_adam(), extra_args=_value),
+    Case(
+        "contrib.momo_adam",
+        lambda: eqopt.contrib.momo_adam(),
+        lambda: optax.contrib.momo_adam(),
+        extra_args=_value,
+    ),
     Case(
         "contrib.momo_adam-decay-bound",
         lambda: eqopt.contrib.momo_adam(0.3, lower_bound=0.1, weight_decay=0.1),
@@ -94,7 +103,9 @@ def test_polyak_step_reaches_the_lower_bound_of_a_linear_model():
     updates, state = tx.update({"x": params["x"]}, tx.init(params), params, value=value)
     np.testing.assert_allclose(updates["x"], -0.5 * params["x"], rtol=1e-6)
     capped = eqopt.contrib.momo(learning_rate=0.1)
-    updates, _ = capped.update({"x": params["x"]}, capped.init(params), params, value=value)
+    updates, _ = capped.update(
+        {"x": params["x"]}, capped.init(params), params, value=value
+    )
     np.testing.assert_allclose(updates["x"], -0.1 * params["x"], rtol=1e-6)
 
 

@@ -50,12 +50,8 @@ TRANSFORM_CASES = [
     ),
     Case(
         "contrib.prodigy-schedule-safeguard",
-        lambda: eqopt.contrib.prodigy(
-            _schedule, estim_lr0=1e-2, safeguard_warmup=True
-        ),
-        lambda: optax.contrib.prodigy(
-            _schedule, estim_lr0=1e-2, safeguard_warmup=True
-        ),
+        lambda: eqopt.contrib.prodigy(_schedule, estim_lr0=1e-2, safeguard_warmup=True),
+        lambda: optax.contrib.prodigy(_schedule, estim_lr0=1e-2, safeguard_warmup=True),
     ),
 ]
 

@@ -52,8 +52,8 @@ from ._madgrad import (
     scale_by_madgrad as scale_by_madgrad,
 )
 from ._mechanic import (
-    Mechanize as Mechanize,
     MechanicState as MechanicState,
+    Mechanize as Mechanize,
     mechanize as mechanize,
 )
 from ._momo import (

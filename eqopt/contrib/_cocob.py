@@ -4,6 +4,7 @@ from typing import Any, no_type_check
 
 import equinox as eqx
 import jax.numpy as jnp
+from jaxtyping import Array, Float
 
 from .._base import (
     AbstractGradientTransformation,
@@ -23,7 +24,6 @@ from .._hyper import (
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
 from ._reductions import copy_trainable, refuse_complex, require_params
-from jaxtyping import Array, Float
 
 
 class COCOBState(eqx.Module):
@@ -83,13 +83,15 @@ class ScaleByCocob(AbstractGradientTransformation):
 
     def init(self, params: Params) -> COCOBState:
         refuse_complex(params, "cocob")
-        zeros = zeros_like_trainable(params)
+        # Separate buffers for each field, so the state can be donated.
         return COCOBState(
             init_particles=copy_trainable(params),
-            cumulative_gradients=zeros,
-            scale=leafwise(lambda p: jnp.full_like(p, self.eps), zeros),
-            subgradients=zeros,
-            reward=zeros,
+            cumulative_gradients=zeros_like_trainable(params),
+            scale=leafwise(
+                lambda p: jnp.full_like(p, self.eps), zeros_like_trainable(params)
+            ),
+            subgradients=zeros_like_trainable(params),
+            reward=zeros_like_trainable(params),
         )
 
     def update(

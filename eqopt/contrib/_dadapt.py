@@ -119,7 +119,7 @@ class DAdaptAdamW(AbstractGradientTransformation):
             exp_avg=zeros_like_trainable(params),
             exp_avg_sq=full_like_trainable_real(params, 0.0),
             grad_sum=zeros_like_trainable(params),
-            estim_lr=jnp.asarray(self.estim_lr0, dtype),
+            estim_lr=jnp.array(self.estim_lr0, dtype),
             numerator_weighted=jnp.zeros([], dtype),
             count=jnp.zeros([], jnp.int32),
         )
@@ -163,9 +163,7 @@ class DAdaptAdamW(AbstractGradientTransformation):
             beta * state.numerator_weighted + one_minus_beta * d_lr * total_progress
         )
         denominator = one_minus_beta * tree_abs_sum(grad_sum)
-        new_d = jnp.where(
-            denominator > 0, jnp.maximum(d, numerator / denominator), d
-        )
+        new_d = jnp.where(denominator > 0, jnp.maximum(d, numerator / denominator), d)
 
         @no_type_check
         def step(g, m, v, p):

@@ -35,7 +35,9 @@ _INIT_STEP_KINDS = ("distance", "learning_rate", "heuristic")
 
 @no_type_check
 def _squared_distance(updates, params, init_params):
-    return tree_squared_norm(leafwise(lambda g, p, p0: p - p0, updates, params, init_params))
+    return tree_squared_norm(
+        leafwise(lambda g, p, p0: p - p0, updates, params, init_params)
+    )
 
 
 @no_type_check
@@ -112,7 +114,7 @@ class ScaleByDoG(AbstractGradientTransformation):
         return DoGState(
             is_init_step=jnp.asarray(True),
             init_params=init_params,
-            max_dist=jnp.asarray(max_dist, dtype),
+            max_dist=jnp.array(max_dist, dtype),
             sum_sq_norm_grads=jnp.zeros([], dtype),
         )
 
@@ -229,11 +231,13 @@ class ScaleByDoWG(AbstractGradientTransformation):
 
     def init(self, params: Params) -> DoWGState:
         dtype = scalar_dtype(params)
-        initial = self.eps if self.init_estim_sq_dist is None else self.init_estim_sq_dist
+        initial = (
+            self.eps if self.init_estim_sq_dist is None else self.init_estim_sq_dist
+        )
         return DoWGState(
             init_params=copy_trainable(params),
             weighted_sq_norm_grads=jnp.zeros([], dtype),
-            estim_sq_dist=jnp.asarray(initial, dtype),
+            estim_sq_dist=jnp.array(initial, dtype),
         )
 
     def update(

@@ -23,8 +23,8 @@ from ._reductions import (
     require_params,
     scalar_dtype,
     total,
-    tree_squared_norm,
     trainable_part,
+    tree_squared_norm,
 )
 
 
@@ -111,14 +111,15 @@ class Mechanize(AbstractGradientTransformation):
 
     def init(self, params: Params) -> MechanicState:
         dtype = scalar_dtype(params)
-        zeros = jnp.zeros([self.num_betas], dtype)
+        shape = [self.num_betas]
+        # Separate buffers for each field, so the state can be donated.
         return MechanicState(
             base_optimizer_state=self.base_optimizer.init(params),
             count=jnp.zeros([], jnp.int32),
-            r=zeros,
-            m=zeros,
-            v=zeros,
-            s=jnp.full([self.num_betas], self.s_init, dtype),
+            r=jnp.zeros(shape, dtype),
+            m=jnp.zeros(shape, dtype),
+            v=jnp.zeros(shape, dtype),
+            s=jnp.full(shape, self.s_init, dtype),
             delta=zeros_like_trainable(params),
         )
 
@@ -140,7 +141,9 @@ class Mechanize(AbstractGradientTransformation):
         grad_norm = jnp.sqrt(tree_squared_norm(updates))
         param_norm = jnp.sqrt(tree_squared_norm(trainable_part(params, updates)))
 
-        along_grads = total(leafwise(lambda g, d: real_inner(d, g), updates, state.delta))
+        along_grads = total(
+            leafwise(lambda g, d: real_inner(d, g), updates, state.delta)
+        )
         along_params = total(
             leafwise(lambda g, d, p: real_inner(d, p), updates, state.delta, params)
         )
@@ -162,9 +165,7 @@ class Mechanize(AbstractGradientTransformation):
             return cast_to(update, g.dtype), cast_to(delta + u, delta.dtype)
 
         # The state tree comes first: where an update is None, it is kept.
-        new_updates, delta = leafwise(
-            step, updates, state.delta, base_updates, n_out=2
-        )
+        new_updates, delta = leafwise(step, updates, state.delta, base_updates, n_out=2)
         return new_updates, MechanicState(
             base_optimizer_state=base_state,
             count=safe_int32_increment(state.count),

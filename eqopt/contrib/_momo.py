@@ -54,7 +54,9 @@ def _loss_value(extra_args: dict, owner: str, dtype: Any) -> Array:
             f"{type(value).__name__} of shape {shape}."
         )
     if jnp.iscomplexobj(value):
-        raise ValueError(f"{owner}: `value` must be a real scalar loss, got a complex one.")
+        raise ValueError(
+            f"{owner}: `value` must be a real scalar loss, got a complex one."
+        )
     return jnp.asarray(value).astype(dtype)
 
 
@@ -146,7 +148,7 @@ class Momo(AbstractGradientTransformation):
             exp_avg=zeros_like_trainable(params),
             barf=jnp.zeros([], dtype),
             gamma=jnp.zeros([], dtype),
-            lb=jnp.asarray(self.lower_bound, dtype),
+            lb=jnp.array(self.lower_bound, dtype),
             count=jnp.zeros([], jnp.int32),
         )
 
@@ -301,7 +303,7 @@ class MomoAdam(AbstractGradientTransformation):
             exp_avg_sq=full_like_trainable_real(params, 0.0),
             barf=jnp.zeros([], dtype),
             gamma=jnp.zeros([], dtype),
-            lb=jnp.asarray(self.lower_bound, dtype),
+            lb=jnp.array(self.lower_bound, dtype),
             count=jnp.zeros([], jnp.int32),
         )
 

@@ -77,8 +77,8 @@ class Prodigy(AbstractGradientTransformation):
     with $\beta_3 = \sqrt{\beta_2}$ unless given. With `safeguard_warmup` the
     factor $\gamma_k b_k$ is left out of $s$, which keeps $d$ from growing
     during a learning-rate warm-up. The inner product and the $\ell_1$ norm are
-    over the whole model, so $d$ is one scalar (and the update is elementwise
-    in the sense of [`eqopt.AbstractGradientTransformation.elementwise`][]).
+    over the whole model, so $d$ is one scalar (and the update is the same
+    whether the leaves are kept apart or concatenated: it is `elementwise`).
 
     !!! note "Differences from Optax"
         Complex parameters use $|g|^2$ in $v$ and
@@ -109,7 +109,9 @@ class Prodigy(AbstractGradientTransformation):
     )
     b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
     b2: Float[Array, ""] = eqx.field(default=0.999, converter=as_scalar)
-    beta3: Float[Array, ""] | None = eqx.field(default=None, converter=as_optional_scalar)
+    beta3: Float[Array, ""] | None = eqx.field(
+        default=None, converter=as_optional_scalar
+    )
     eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
     estim_lr0: Float[Array, ""] = eqx.field(default=1e-6, converter=as_scalar)
     estim_lr_coef: Float[Array, ""] = eqx.field(default=1.0, converter=as_scalar)
@@ -137,7 +139,7 @@ class Prodigy(AbstractGradientTransformation):
             exp_avg_sq=full_like_trainable_real(params, 0.0),
             grad_sum=zeros_like_trainable(params),
             params0=copy_trainable(params),
-            estim_lr=jnp.asarray(self.estim_lr0, dtype),
+            estim_lr=jnp.array(self.estim_lr0, dtype),
             numerator_weighted=jnp.zeros([], dtype),
             count=jnp.zeros([], jnp.int32),
         )

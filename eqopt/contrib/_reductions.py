@@ -80,8 +80,12 @@ def trainable_part(params, updates):
 
 @no_type_check
 def copy_trainable(params):
-    """The trainable leaves of `params` (copied references), `None` elsewhere."""
-    return jax.tree.map(lambda p: p if is_trainable(p) else None, params)
+    """Copies of the trainable leaves of `params`, `None` elsewhere.
+
+    Copies, not references: a state that shared buffers with the model could not
+    be donated together with it (`eqx.filter_jit(donate="all-except-first")`).
+    """
+    return jax.tree.map(lambda p: jnp.copy(p) if is_trainable(p) else None, params)
 
 
 def refuse_complex(params: Params, owner: str) -> None:
