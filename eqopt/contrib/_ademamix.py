@@ -237,7 +237,7 @@ class ScaleBySimplifiedAdemamix(AbstractGradientTransformation):
     - `alpha`: the weight of the current gradient, a number or a schedule.
     - `eps`, `eps_root`: added outside and inside the square root.
 
-    **References:** Morwani, Vyas, Kakade & Kwun, *Connections between
+    **References:** Morwani et al., *Connections between
     Schedule-Free Optimizers, AdEMAMix, and Accelerated SGD Variants*, 2025
     (arXiv:2502.02431).
     """
@@ -330,7 +330,7 @@ def simplified_ademamix(
 
     **Returns:** an [`eqopt.Chain`][].
 
-    **References:** Morwani, Vyas, Kakade & Kwun, *Connections between
+    **References:** Morwani et al., *Connections between
     Schedule-Free Optimizers, AdEMAMix, and Accelerated SGD Variants*, 2025.
     """
     return Chain(
