@@ -15,6 +15,7 @@ from ._typecheck import ArgumentTypeError as ArgumentTypeError
 with _jaxtyping.install_import_hook("eqopt", "eqopt._typecheck.typechecker"):
     from . import (
         assignment as assignment,
+        contrib as contrib,
         losses as losses,
         microbatching as microbatching,
         monte_carlo as monte_carlo,

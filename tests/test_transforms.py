@@ -170,10 +170,12 @@ def test_elementwise_claim(case):
     state, flat_state = tx.init(params), flat_tx.init(flat_params)
     for step in range(3):
         grads = as_dict(random_grads(model, step))
-        extra = _extra(case, params, grads)
-        updates, state = tx.update(grads, state, params, **extra)
+        updates, state = tx.update(grads, state, params, **_extra(case, params, grads))
         flat_updates, flat_state = flat_tx.update(
-            flat(grads), flat_state, flat_params, **extra
+            flat(grads),
+            flat_state,
+            flat_params,
+            **_extra(case, flat_params, flat(grads)),
         )
         assert_tree_allclose(flat(updates), flat_updates, rtol=1e-5, atol=1e-6)
         params = eqopt.apply_updates(params, updates)
