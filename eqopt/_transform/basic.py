@@ -27,7 +27,7 @@ from .._hyper import (
     check_hyperparameter,
 )
 from .._numerics import safe_int32_increment
-from ..schedules._base import (
+from .._scheduled import (
     ScaleByScheduleState,
     current_value,
     init_count_if_scheduled,

@@ -13,7 +13,7 @@ from .._hyper import (
     as_scalar_or_schedule,
     check_hyperparameter,
 )
-from ..schedules._base import current_value, init_count_if_scheduled
+from .._scheduled import current_value, init_count_if_scheduled
 
 
 class AddDecayedWeights(AbstractGradientTransformation):

@@ -11,9 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int, Real
 
-from .._base import EmptyState
 from .._hyper import as_scalar, check_fields, is_concrete
-from .._numerics import safe_int32_increment
 
 
 def _as_static_int(value: int | Int[ArrayLike, ""]) -> int:
@@ -214,29 +212,10 @@ def as_schedule(value: Any) -> AbstractSchedule:
     return ConstantSchedule(value)
 
 
-# ---------------------------------------------------------------------------
-# Hyperparameters that may be schedules of the step count
-# ---------------------------------------------------------------------------
-
-
-class ScaleByScheduleState(eqx.Module):
-    """The step count of a scheduled transform ([`eqopt.ScaleBySchedule`][], or a
-    transform whose hyperparameter is a schedule)."""
-
-    count: Int[Array, ""]
-
-
-def init_count_if_scheduled(value: Any) -> ScaleByScheduleState | EmptyState:
-    """The state of a hyperparameter that may be a schedule: a step count if it is one."""
-    if callable(value):
-        return ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
-    return EmptyState()
-
-
-def current_value(value: Any, state: Any) -> tuple[Any, Any]:
-    """A number as it is, or a schedule evaluated at the state's count (then advanced)."""
-    if callable(value):
-        return jnp.asarray(value(state.count)), ScaleByScheduleState(
-            count=safe_int32_increment(state.count)
-        )
-    return value, state
+# The state and helpers of a hyperparameter that may be a schedule live with the
+# transforms that use them; re-exported here for the schedules namespace.
+from .._scheduled import (  # noqa: E402
+    ScaleByScheduleState as ScaleByScheduleState,
+    current_value as current_value,
+    init_count_if_scheduled as init_count_if_scheduled,
+)
