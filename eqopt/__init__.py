@@ -169,6 +169,13 @@ with _jaxtyping.install_import_hook("eqopt", "eqopt._typecheck.typechecker"):
         scale_by_lion as scale_by_lion,
         scale_by_sign as scale_by_sign,
     )
+    from ._typing import (
+        MaskOrFn as MaskOrFn,
+        Schedule as Schedule,
+        TransformInitFn as TransformInitFn,
+        TransformUpdateExtraArgsFn as TransformUpdateExtraArgsFn,
+        TransformUpdateFn as TransformUpdateFn,
+    )
     from ._wrappers import (
         ApplyEvery as ApplyEvery,
         ApplyEveryState as ApplyEveryState,
