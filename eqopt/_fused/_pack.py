@@ -154,6 +154,32 @@ class Packed(eqx.Module):
         """
         return packed_like(packed, tree)
 
+    def segment_masks(self, selected: PyTree[Any]) -> tuple[Any, ...]:
+        """Per buffer, which elements belong to selected leaves.
+
+        `selected` is shaped like the model, with a bool at each trainable leaf
+        (as a filter spec resolves to). Each entry of the result is `True` (the
+        whole buffer), `False` (none of it) or a NumPy boolean array (a constant
+        of the compiled program).
+        """
+        flags = jax.tree.flatten(selected, is_leaf=is_none)[0]
+        parts: list[list[tuple[bool, int]]] = [[] for _ in self.layout.buffers]
+        for slot in self.layout.slots:
+            size = int(np.prod(slot.shape, dtype=np.int64))
+            parts[slot.buffer].append((bool(flags[slot.leaf_index]), size))
+        masks: list[Any] = []
+        for segments in parts:
+            values = {flag for flag, _ in segments}
+            if values == {True}:
+                masks.append(True)
+            elif values <= {False}:
+                masks.append(False)
+            else:
+                masks.append(
+                    np.concatenate([np.full(size, flag) for flag, size in segments])
+                )
+        return tuple(masks)
+
     def __check_init__(self):
         if len(self.buffers) != len(self.layout.buffers):
             raise ValueError(

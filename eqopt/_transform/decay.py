@@ -3,9 +3,11 @@
 from typing import Any
 
 import equinox as eqx
+import jax.numpy as jnp
 
 from .._base import AbstractGradientTransformation, OptState, Params, Updates, leafwise
 from .._filters import FilterSpec, check_selects_something, select_trainable
+from .._fused._pack import Packed, contains_packed, repack_like, unpack_all
 from .._hyper import (
     Scalar,
     ScalarOrSchedule,
@@ -48,6 +50,10 @@ class AddDecayedWeights(AbstractGradientTransformation):
     def __check_init__(self):
         check_hyperparameter("weight_decay", self.weight_decay)
 
+    # On packed params (`eqopt.pack`) a mask selects segments of the buffers, so
+    # the masked decay stays a few kernels over the buffers.
+    handles_packed = True
+
     @property
     def elementwise(self) -> bool:
         # Without a mask every element is treated alike; a mask selects by leaf.
@@ -56,7 +62,7 @@ class AddDecayedWeights(AbstractGradientTransformation):
     def init(self, params: Params) -> OptState:
         if self.mask is not None:
             check_selects_something(
-                select_trainable(self.mask, params), "weight-decay mask"
+                select_trainable(self.mask, unpack_all(params)), "weight-decay mask"
             )
         return init_count_if_scheduled(self.weight_decay)
 
@@ -74,6 +80,14 @@ class AddDecayedWeights(AbstractGradientTransformation):
         weight_decay, state = current_value(self.weight_decay, state)
         if self.mask is None:
             return leafwise(lambda g, p: g + weight_decay * p, updates, params), state
+        if isinstance(params, Packed) and isinstance(updates, Packed):
+            return _decay_packed(self.mask, weight_decay, updates, params), state
+        if contains_packed(updates, params):
+            reference = updates if contains_packed(updates) else params
+            new = self.update(
+                unpack_all(updates), state, unpack_all(params), **extra_args
+            )
+            return repack_like(reference, new[0]), new[1]
         mask = select_trainable(self.mask, params, what="weight-decay mask")
         return leafwise(
             lambda g, p, selected: g + weight_decay * p if selected else g,
@@ -81,6 +95,22 @@ class AddDecayedWeights(AbstractGradientTransformation):
             params,
             mask,
         ), state
+
+
+def _decay_packed(mask_spec, weight_decay, updates, params):
+    # A per-leaf mask on packed buffers: decay the selected segments of each buffer.
+    selected = select_trainable(mask_spec, params.unpack(), what="weight-decay mask")
+    buffers = []
+    for update, param, mask in zip(
+        updates.buffers, params.buffers, params.segment_masks(selected), strict=True
+    ):
+        if update is None or mask is False:
+            buffers.append(update)
+        elif mask is True:
+            buffers.append(update + weight_decay * param)
+        else:
+            buffers.append(jnp.where(mask, update + weight_decay * param, update))
+    return Packed(buffers=tuple(buffers), rest=updates.rest, layout=updates.layout)
 
 
 def add_decayed_weights(
