@@ -197,10 +197,16 @@ def _unpacking_update(method: Callable) -> Callable:
             updates, params
         ):
             reference = updates if contains_packed(updates) else params
-            updates, state = method(
-                self, unpack_all(updates), state, unpack_all(params), **extra_args
+            unpacked = unpack_all(updates)
+            new_updates, state = method(
+                self, unpacked, state, unpack_all(params), **extra_args
             )
-            return repack_like(reference, updates), state
+            # Repack what is shaped like the updates (a measurement, say, is not).
+            if jax.tree.structure(new_updates, is_leaf=is_none) != jax.tree.structure(
+                unpacked, is_leaf=is_none
+            ):
+                return new_updates, state
+            return repack_like(reference, new_updates), state
         return method(self, updates, state, params, **extra_args)
 
     return update
