@@ -10,6 +10,7 @@ import jaxtyping as _jaxtyping
 with _jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
     from . import (
         assignment as assignment,
+        contrib as contrib,
         losses as losses,
         monte_carlo as monte_carlo,
         perturbations as perturbations,

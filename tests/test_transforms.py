@@ -16,6 +16,11 @@ import eqopt
 CASE_IDS = [case.name for case in ALL_CASES]
 
 
+def _extra(case, model, grads) -> dict:
+    """The case's extra keyword arguments for `update` (`value`, `obj_fn`...)."""
+    return {} if case.extra_args is None else case.extra_args(model, grads)
+
+
 def loss(model: Model) -> jax.Array:
     x = jnp.arange(4.0)
     y = model.activation(jnp.real(x @ model.w + model.b)) * jnp.real(model.s)
@@ -30,7 +35,7 @@ def test_whole_model_init_update(case):
     grads = eqx.filter_grad(loss)(model)
     assert grads.activation is None and grads.indices is None and grads.name is None
     for _ in range(2):
-        updates, state = tx.update(grads, state, model)
+        updates, state = tx.update(grads, state, model, **_extra(case, model, grads))
         # Non-trainable leaves get None; trainable ones keep their shape.
         assert updates.activation is None and updates.indices is None
         assert updates.w.shape == (4, 3) and updates.s.shape == ()
@@ -51,7 +56,7 @@ def test_jit_no_retrace_when_hyperparameter_changes(case):
     def step(tx, model, state):
         traces.append(None)
         grads = eqx.filter_grad(loss)(model)
-        updates, state = tx.update(grads, state, model)
+        updates, state = tx.update(grads, state, model, **_extra(case, model, grads))
         return eqopt.apply_updates(model, updates), state
 
     state = tx.init(model)
@@ -80,7 +85,8 @@ def test_state_is_typed_module_and_serialises(case):
     tx = build(case.make, model)
     state = tx.init(model)
     assert isinstance(state, eqx.Module)
-    _, state = tx.update(eqx.filter_grad(loss)(model), state, model)
+    grads = eqx.filter_grad(loss)(model)
+    _, state = tx.update(grads, state, model, **_extra(case, model, grads))
     buffer = io.BytesIO()
     eqx.tree_serialise_leaves(buffer, state)
     buffer.seek(0)
@@ -119,7 +125,7 @@ def test_parity_with_optax(case, dtype):
     atol = 2e-2 if low_precision else case.atol
     for step in range(case.steps):
         grads = random_grads(model, step)
-        extra = {} if case.extra_args is None else case.extra_args(model, grads)
+        extra = _extra(case, model, grads)
         updates, state = tx.update(grads, state, model, **extra)
         reference_updates, reference_state = reference.update(
             as_dict(grads), reference_state, params, **extra
@@ -164,8 +170,10 @@ def test_elementwise_claim(case):
     state, flat_state = tx.init(params), flat_tx.init(flat_params)
     for step in range(3):
         grads = as_dict(random_grads(model, step))
-        updates, state = tx.update(grads, state, params)
-        flat_updates, flat_state = flat_tx.update(flat(grads), flat_state, flat_params)
+        updates, state = tx.update(grads, state, params, **_extra(case, params, grads))
+        flat_updates, flat_state = flat_tx.update(
+            flat(grads), flat_state, flat_params, **_extra(case, flat_params, grads)
+        )
         assert_tree_allclose(flat(updates), flat_updates, rtol=1e-5, atol=1e-6)
         params = eqopt.apply_updates(params, updates)
         flat_params = eqopt.apply_updates(flat_params, flat_updates)
