@@ -17,7 +17,9 @@ def regression_data(seed: int = 0, n: int = 64):
 def make_mlp(seed: int = 0, dtype=jnp.float32) -> eqx.nn.MLP:
     """An MLP 4 -> 16 -> 16 -> 2: a pytree with non-array leaves (activations, sizes)."""
     model = eqx.nn.MLP(4, 2, width_size=16, depth=2, key=jax.random.key(seed))
-    return jax.tree.map(lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x, model)
+    return jax.tree.map(
+        lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x, model
+    )
 
 
 def mse(model, x, y):

@@ -38,7 +38,9 @@ def test_parts_are_optimised_as_separate_real_leaves():
     tx = eqopt.contrib.split_real_and_imaginary(eqopt.scale_by_rms())
     updates, state = tx.update(grads, tx.init(model), model)
     inner = eqopt.scale_by_rms()
-    real_updates, _ = inner.update({"w": jnp.real(grads.w)}, inner.init({"w": jnp.real(model.w)}))
+    real_updates, _ = inner.update(
+        {"w": jnp.real(grads.w)}, inner.init({"w": jnp.real(model.w)})
+    )
     imaginary_updates, _ = inner.update(
         {"w": jnp.imag(grads.w)}, inner.init({"w": jnp.imag(model.w)})
     )
@@ -48,7 +50,9 @@ def test_parts_are_optimised_as_separate_real_leaves():
     nu = state.inner_state.nu.w
     assert nu.real.dtype == jnp.float32 and nu.imaginary.dtype == jnp.float32
     # Unlike a complex-aware RMS (|g|^2), the split one scales the parts separately.
-    complex_aware, _ = eqopt.scale_by_rms().update(grads, eqopt.scale_by_rms().init(model))
+    complex_aware, _ = eqopt.scale_by_rms().update(
+        grads, eqopt.scale_by_rms().init(model)
+    )
     assert not np.allclose(updates.w, complex_aware.w)
 
 

@@ -218,19 +218,21 @@ def test_dimension_numbers_reshape_higher_rank_leaves():
         weight_dimension_numbers={"k": optax.contrib.MuonDimensionNumbers(1, 2)}
     )
     reference_updates, _ = reference.update(grads, reference.init(grads))
-    np.testing.assert_allclose(updates["k"], reference_updates["k"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        updates["k"], reference_updates["k"], rtol=1e-5, atol=1e-6
+    )
     # Several reduction axes are flattened into one (a convolution kernel).
     conv = {"k": jax.random.normal(jax.random.key(4), (4, 3, 2, 2))}
     conv_dims = MuonDimensionNumbers(reduction_axis=(1, 2, 3), output_axis=0)
     tx = eqopt.contrib.scale_by_muon(weight_dimension_numbers=conv_dims)
     reference = optax.contrib.scale_by_muon(
-        weight_dimension_numbers={
-            "k": optax.contrib.MuonDimensionNumbers((1, 2, 3), 0)
-        }
+        weight_dimension_numbers={"k": optax.contrib.MuonDimensionNumbers((1, 2, 3), 0)}
     )
     updates, _ = tx.update(conv, tx.init(conv))
     reference_updates, _ = reference.update(conv, reference.init(conv))
-    np.testing.assert_allclose(updates["k"], reference_updates["k"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        updates["k"], reference_updates["k"], rtol=1e-5, atol=1e-6
+    )
 
 
 def test_muon_on_whole_model_matches_optax_on_its_arrays():
@@ -240,9 +242,11 @@ def test_muon_on_whole_model_matches_optax_on_its_arrays():
     state, reference_state = opt.init(model), reference.init(params)
     for step in range(3):
         grads = jax.tree.map(
-            lambda x: jax.random.normal(jax.random.key(step), x.shape)
-            if eqx.is_inexact_array(x)
-            else None,
+            lambda x, step=step: (
+                jax.random.normal(jax.random.key(step), x.shape)
+                if eqx.is_inexact_array(x)
+                else None
+            ),
             model,
         )
         updates, state = opt.update(grads, state, model)
@@ -250,7 +254,7 @@ def test_muon_on_whole_model_matches_optax_on_its_arrays():
             grads, reference_state, params
         )
         for ours, theirs in zip(
-            jax.tree.leaves(updates), jax.tree.leaves(reference_updates)
+            jax.tree.leaves(updates), jax.tree.leaves(reference_updates), strict=True
         ):
             np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-6)
         model = eqopt.apply_updates(model, updates)
@@ -276,9 +280,9 @@ def test_bad_specs_are_clear_errors():
         )
     with pytest.raises(ValueError, match="distinct"):
         eqopt.contrib.scale_by_muon(
-            weight_dimension_numbers=lambda x: MuonDimensionNumbers(0, 0)
-            if x.ndim == 2
-            else None
+            weight_dimension_numbers=lambda x: (
+                MuonDimensionNumbers(0, 0) if x.ndim == 2 else None
+            )
         ).init(model)
     with pytest.raises(ValueError, match="preset"):
         eqopt.contrib.muon(0.1, ns_coeffs="fast")
@@ -304,3 +308,16 @@ def test_muon_is_a_partition_readable_by_group():
     assert float(muon_chain.scale_by_muon.beta) == pytest.approx(0.95)
     assert MuonDimensionNumbers() == MuonDimensionNumbers(0, 1)
     assert MuonDimensionNumbers([1, 2], 0).reduction_axis == (1, 2)
+
+
+def test_spectral_preconditioning_runs_in_bfloat16():
+    """The spectral norm's SVD runs in float32 (Optax has no bfloat16 SVD on CPU)."""
+    gradient = jax.random.normal(jax.random.key(5), (8, 6))
+    tx = eqopt.contrib.scale_by_muon(preconditioning="spectral", nesterov=False)
+    low_grads = {"w": gradient.astype(jnp.bfloat16)}
+    low, _ = tx.update(low_grads, tx.init(low_grads))
+    high, _ = tx.update({"w": gradient}, tx.init({"w": gradient}))
+    assert low["w"].dtype == jnp.bfloat16
+    np.testing.assert_allclose(
+        np.asarray(low["w"], np.float32), high["w"], rtol=0.1, atol=0.05
+    )

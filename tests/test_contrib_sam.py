@@ -34,14 +34,21 @@ def _sam_pair(optimizer, adv_optimizer, **kwargs):
 
 def _normalized_sgd(rho):
     def build(library):
-        normalize = eqopt.contrib.normalize if library is eqopt else optax.contrib.normalize
+        normalize = (
+            eqopt.contrib.normalize if library is eqopt else optax.contrib.normalize
+        )
         return library.chain(normalize(), library.sgd(rho))
 
     return build
 
 
 TRANSFORM_CASES = [
-    Case("contrib.normalize", eqopt.contrib.normalize, optax.contrib.normalize, ALL_DTYPES),
+    Case(
+        "contrib.normalize",
+        eqopt.contrib.normalize,
+        optax.contrib.normalize,
+        ALL_DTYPES,
+    ),
     # Five steps: adversarial, outer, adversarial, outer, adversarial.
     Case(
         "contrib.sam",
@@ -137,7 +144,9 @@ def test_sam_trains_small_model():
         opaque_mode=True,
     )
     grad_fn = lambda model, i: eqx.filter_grad(mse)(model, x, y)  # noqa: E731
-    first, last, _, _ = train(opt, 100, extra=lambda m, x, y, loss: {"grad_fn": grad_fn})
+    first, last, _, _ = train(
+        opt, 100, extra=lambda m, x, y, loss: {"grad_fn": grad_fn}
+    )
     assert last < 0.1 * first
 
 

@@ -92,6 +92,7 @@ def test_eval_params_differ_from_train_params_and_are_what_you_evaluate():
         jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array)),
         jax.tree.leaves(eqx.filter(evaluation, eqx.is_inexact_array)),
         jax.tree.leaves(z),
+        strict=True,
     ):
         np.testing.assert_allclose(y_leaf, 0.9 * x_leaf + 0.1 * z_leaf, atol=1e-5)
 

@@ -145,7 +145,9 @@ def test_hessian_refreshed_every_update_interval():
     state = opt.init(model)
     nus = []
     for step in range(4):
-        _, state = opt.update(random_grads(model, step), state, model, obj_fn=_objective)
+        _, state = opt.update(
+            random_grads(model, step), state, model, obj_fn=_objective
+        )
         nus.append(np.asarray(state[0].nu.w))
     # Refreshed at steps 0 and 3 (count 0 and 3 before the step).
     assert np.any(nus[0] != 0)
@@ -157,7 +159,9 @@ def test_hessian_refreshed_every_update_interval():
 def test_updates_are_clipped():
     model = make_model()
     tx = eqopt.contrib.ScaleBySophia(clip_threshold=0.5, gamma=1e-6)
-    updates, _ = tx.update(random_grads(model, 0), tx.init(model), model, obj_fn=_objective)
+    updates, _ = tx.update(
+        random_grads(model, 0), tx.init(model), model, obj_fn=_objective
+    )
     assert float(jnp.max(jnp.abs(updates.w))) == pytest.approx(0.5)
 
 

@@ -9,7 +9,6 @@ from jaxtyping import Array, Inexact, PyTree
 
 from .._base import (
     AbstractGradientTransformation,
-    OptState,
     Params,
     Updates,
     as_transform,

@@ -189,7 +189,7 @@ def resolve_dimension_numbers(
             "`jax.tree.map(lambda _: None, model)` and `eqx.tree_at`."
         ) from None
     resolved = []
-    for (prefix, value), subtree in zip(spec_flat, subtrees):
+    for (prefix, value), subtree in zip(spec_flat, subtrees, strict=True):
         flat = jax.tree_util.tree_flatten_with_path(subtree, is_leaf=is_none)[0]
         out = []
         for path, leaf in flat:

@@ -87,7 +87,7 @@ def _map_pairs(fn, tree, *others):
     the matching subtrees of `others`; returns the two output trees."""
     leaves, treedef = jax.tree.flatten(tree, is_leaf=is_none)
     other_leaves = [treedef.flatten_up_to(other) for other in others]
-    outs = [fn(*args) for args in zip(leaves, *other_leaves)]
+    outs = [fn(*args) for args in zip(leaves, *other_leaves, strict=True)]
     return tuple(
         jax.tree.unflatten(treedef, [out[i] for out in outs]) for i in range(2)
     )
@@ -148,7 +148,9 @@ class ScaleByGaLore(AbstractGradientTransformation):
         if not isinstance(self.rank, int) or isinstance(self.rank, bool):
             raise TypeError(f"ScaleByGaLore: `rank` must be an int, got {self.rank!r}.")
         if self.rank <= 0:
-            raise ValueError(f"ScaleByGaLore: `rank` must be positive, got {self.rank}.")
+            raise ValueError(
+                f"ScaleByGaLore: `rank` must be positive, got {self.rank}."
+            )
         if not isinstance(self.update_proj_gap, int) or self.update_proj_gap <= 0:
             raise ValueError(
                 "ScaleByGaLore: `update_proj_gap` must be a positive int, got "

@@ -50,7 +50,11 @@ _DION_NS_COEFFS = (
     (2.8769, -3.1427, 1.2046),
     (2.8366, -3.0525, 1.2012),
 )
-_PRESETS = {"standard": _DEFAULT_NS_COEFFS, "muon": _DEFAULT_NS_COEFFS, "dion": _DION_NS_COEFFS}
+_PRESETS = {
+    "standard": _DEFAULT_NS_COEFFS,
+    "muon": _DEFAULT_NS_COEFFS,
+    "dion": _DION_NS_COEFFS,
+}
 _PRECONDITIONINGS = ("frobenius", "spectral", "aol", "schatten")
 
 Preconditioning = Literal["frobenius", "spectral", "aol", "schatten"]
@@ -240,7 +244,9 @@ class ScaleByMuon(AbstractGradientTransformation):
 
     def _dimension_numbers(self, tree: Any) -> Any:
         spec = (
-            True if self.weight_dimension_numbers is None else self.weight_dimension_numbers
+            True
+            if self.weight_dimension_numbers is None
+            else self.weight_dimension_numbers
         )
         return resolve_dimension_numbers(
             spec, tree, MuonDimensionNumbers, owner="Muon", batch_axes=True
@@ -371,7 +377,9 @@ class ScaleByShape(AbstractGradientTransformation):
         **extra_args: Any,
     ) -> tuple[Updates, EmptyState]:
         spec = (
-            True if self.weight_dimension_numbers is None else self.weight_dimension_numbers
+            True
+            if self.weight_dimension_numbers is None
+            else self.weight_dimension_numbers
         )
         dims = resolve_dimension_numbers(
             spec,
@@ -487,7 +495,9 @@ def muon(
     if adam_learning_rate is None:
         adam_learning_rate = learning_rate
     spec = (
-        _is_matrix if muon_weight_dimension_numbers is None else muon_weight_dimension_numbers
+        _is_matrix
+        if muon_weight_dimension_numbers is None
+        else muon_weight_dimension_numbers
     )
     muon_part = Chain(
         ScaleByMuon(

@@ -2,7 +2,13 @@
 
 from typing import Any
 
-from .._base import AbstractGradientTransformation, EmptyState, Params, Updates, leafwise
+from .._base import (
+    AbstractGradientTransformation,
+    EmptyState,
+    Params,
+    Updates,
+    leafwise,
+)
 from .._numerics import global_norm
 
 #: The state of [`eqopt.contrib.Normalize`][] (Optax's name for an empty state).

@@ -7,7 +7,13 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Int, Real
 
-from .._base import AbstractGradientTransformation, Params, Updates, is_trainable, leafwise
+from .._base import (
+    AbstractGradientTransformation,
+    Params,
+    Updates,
+    is_trainable,
+    leafwise,
+)
 from .._hyper import (
     ScalarLike,
     as_int_scalar,
@@ -134,9 +140,9 @@ class ReduceOnPlateau(AbstractGradientTransformation):
                 self.min_scale,
             ).astype(state.scale.dtype),
         )
-        new_plateau_count = jnp.where(
-            in_cooldown | reduce, 0, plateau_count
-        ).astype(jnp.int32)
+        new_plateau_count = jnp.where(in_cooldown | reduce, 0, plateau_count).astype(
+            jnp.int32
+        )
         cooldown_count = jnp.where(
             in_cooldown,
             state.cooldown_count - 1,
@@ -167,7 +173,9 @@ class ReduceOnPlateau(AbstractGradientTransformation):
             )
         count = safe_increment(state.count)
         dtype = state.avg_value.dtype
-        average = (state.count * state.avg_value + jnp.asarray(value).astype(dtype)) / count
+        average = (
+            state.count * state.avg_value + jnp.asarray(value).astype(dtype)
+        ) / count
         state = eqx.tree_at(
             lambda s: (s.avg_value, s.count), state, (average.astype(dtype), count)
         )

@@ -104,8 +104,9 @@ class ScheduleFree(AbstractGradientTransformation):
     state_dtype: DTypeLike | None = eqx.field(default=None, static=True)
 
     def __check_init__(self):
-        check_hyperparameter("b1", self.b1, low=0.0, high=1.0, low_inclusive=False,
-                             high_inclusive=True)
+        check_hyperparameter(
+            "b1", self.b1, low=0.0, high=1.0, low_inclusive=False, high_inclusive=True
+        )
         check_hyperparameter("learning_rate", self.learning_rate, low=0.0)
 
     @property
@@ -169,7 +170,9 @@ class ScheduleFree(AbstractGradientTransformation):
             y_next = b1 * x + (1.0 - b1) * z_next
             return y_next - y, z_next
 
-        params_like = jax.tree.map(lambda u, p: p, base_updates, params, is_leaf=is_none)
+        params_like = jax.tree.map(
+            lambda u, p: p, base_updates, params, is_leaf=is_none
+        )
         new_updates, z = leafwise(step, base_updates, state.z, params_like, n_out=2)
         return new_updates, ScheduleFreeState(
             b1=state.b1,

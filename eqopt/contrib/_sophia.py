@@ -237,9 +237,7 @@ class ScaleBySophia(AbstractGradientTransformation):
 
         if self.verbose and self.clip_threshold is not None:
             leaves = [u for u in jax.tree.leaves(new_updates)]
-            unclipped = sum(
-                jnp.sum(jnp.abs(u) < self.clip_threshold) for u in leaves
-            )
+            unclipped = sum(jnp.sum(jnp.abs(u) < self.clip_threshold) for u in leaves)
             win_rate = unclipped / sum(u.size for u in leaves)
             every = max(self.print_win_rate_every_n_steps, 1)
             jax.lax.cond(
