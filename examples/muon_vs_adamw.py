@@ -33,11 +33,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def load_data(seed: int):
-    digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
-    y = digits.target.astype(np.int32)
-    x_train, x_test, y_train, y_test = train_test_split(
-        x, y, test_size=0.25, random_state=seed, stratify=y
+    x, y = load_digits(return_X_y=True)
+    x, y = (np.asarray(x) / 16.0).astype(np.float32), np.asarray(y).astype(np.int32)
+    x_train, x_test, y_train, y_test = map(
+        np.asarray,
+        train_test_split(x, y, test_size=0.25, random_state=seed, stratify=y),
     )
     mean, std = x_train.mean(0), x_train.std(0) + 1e-2
     return (x_train - mean) / std, y_train, (x_test - mean) / std, y_test
@@ -110,12 +110,12 @@ def train(name, opt, model, data, steps, batch_size, seed):
         model, state, loss = step(opt, model, state, x_train[batch], y_train[batch])
         losses.append(loss)
         if (i + 1) % 50 == 0 or i + 1 == steps:
-            bar.set_postfix(loss=f"{float(loss):.3f}")
+            bar.set_postfix(loss=f"{float(loss):.2e}")
     return np.asarray(jax.device_get(losses)), float(accuracy(model, x_test, y_test))
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--steps", type=int, default=1500, help="steps per optimiser")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
@@ -137,9 +137,10 @@ def main(argv=None):
     print(f"({len(y_test)} test images, {time.perf_counter() - start:.1f} s)")
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    window = min(25, steps)
+    window, floor = min(25, steps), 1e-6  # a loss that reaches 0 stays on the log axis
     for name, (losses, test_accuracy) in results.items():
         smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
+        smooth = np.maximum(smooth, floor)
         ax.plot(
             np.arange(window, len(losses) + 1),
             smooth,
@@ -151,6 +152,7 @@ def main(argv=None):
         yscale="log",
         title="Digits MLP: Muon on the hidden matrices vs AdamW",
     )
+    ax.set_ylim(bottom=floor / 2)
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -339,7 +339,7 @@ class ScaleByShape(AbstractGradientTransformation):
     $$
     u \mapsto \begin{cases}
     \sqrt{\max(1, n_{\text{out}} / n_{\text{in}})}\; u & \text{(default: width transfer)} \\
-    \rho \sqrt{\max(n_{\text{in}}, n_{\text{out}})}\; u & \text{(with \texttt{consistent\_rms} } \rho)
+    \rho \sqrt{\max(n_{\text{in}}, n_{\text{out}})}\; u & \text{(with consistent RMS } \rho\text{)}
     \end{cases}
     $$
 
