@@ -64,6 +64,7 @@ TRANSFORM_CASES = [
             sync_period=3,
             reset_state=False,
         ),
+        ALL_DTYPES,
         steps=6,
     ),
     Case(

@@ -11,22 +11,26 @@ from helpers import Case, as_dict, make_model, random_grads
 
 import eqopt
 
+ALL_DTYPES = ("float32", "bfloat16", "complex64")
+
 TRANSFORM_CASES = [
     Case(
         "contrib.schedule_free_adamw",
         lambda: eqopt.contrib.schedule_free_adamw(0.1, weight_decay=0.01),
         lambda: optax.contrib.schedule_free_adamw(0.1, weight_decay=0.01),
+        ALL_DTYPES,
     ),
     Case(
         "contrib.schedule_free_adamw-warmup",
         lambda: eqopt.contrib.schedule_free_adamw(0.1, warmup_steps=3, b1=0.8),
         lambda: optax.contrib.schedule_free_adamw(0.1, warmup_steps=3, b1=0.8),
+        ALL_DTYPES,
     ),
     Case(
         "contrib.schedule_free_sgd",
         lambda: eqopt.contrib.schedule_free_sgd(0.1, weight_decay=0.01),
         lambda: optax.contrib.schedule_free_sgd(0.1, weight_decay=0.01),
-        ("float32", "bfloat16", "complex64"),
+        ALL_DTYPES,
     ),
     Case(
         "contrib.schedule_free-adam-state-dtype",
