@@ -1,0 +1,323 @@
+"""Muon (`eqopt.contrib.muon`, `scale_by_muon`, `MuonDimensionNumbers`)."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from _small_problems import make_mlp, train
+from helpers import Case, make_model, spec_like
+
+import eqopt
+from eqopt.contrib import MuonDimensionNumbers
+
+ALL_DTYPES = ("float32", "bfloat16", "complex64")
+REAL_DTYPES = ("float32", "bfloat16")
+
+
+def _optax_dims(**values):
+    return lambda p: {k: values.get(k) for k in p}
+
+
+TRANSFORM_CASES = [
+    Case(
+        "contrib.muon",
+        lambda: eqopt.contrib.muon(0.05),
+        lambda: optax.contrib.muon(0.05),
+        ALL_DTYPES,
+    ),
+    Case(
+        "contrib.muon-aol-adaptive",
+        lambda: eqopt.contrib.muon(0.05, preconditioning="aol", adaptive=True),
+        lambda: optax.contrib.muon(0.05, preconditioning="aol", adaptive=True),
+        ALL_DTYPES,
+    ),
+    Case(
+        "contrib.muon-spectral-dion-consistent-rms",
+        lambda: eqopt.contrib.muon(
+            0.05,
+            ns_coeffs="dion",
+            preconditioning="spectral",
+            consistent_rms=0.2,
+            nesterov=False,
+            weight_decay=0.1,
+            adam_learning_rate=0.01,
+            adam_weight_decay=0.05,
+        ),
+        lambda: optax.contrib.muon(
+            0.05,
+            ns_coeffs="dion",
+            preconditioning="spectral",
+            consistent_rms=0.2,
+            nesterov=False,
+            weight_decay=0.1,
+            adam_learning_rate=0.01,
+            adam_weight_decay=0.05,
+        ),
+        # Optax's spectral norm has no bfloat16 SVD on CPU; eqopt's runs in float32.
+        ("float32", "complex64"),
+    ),
+    # eqopt's Schatten-4 scaling uses X X^H; Optax uses X X^T, so complex differs.
+    Case(
+        "contrib.muon-schatten-3-steps",
+        lambda: eqopt.contrib.muon(0.05, preconditioning="schatten", ns_steps=3),
+        lambda: optax.contrib.muon(0.05, preconditioning="schatten", ns_steps=3),
+        REAL_DTYPES,
+    ),
+    # Which leaves get Muon, as a prefix tree of bools (the Equinox way) ...
+    Case(
+        "contrib.muon-filter-spec-tree",
+        lambda p: eqopt.contrib.muon(
+            0.05, muon_weight_dimension_numbers=spec_like(p, w=True)
+        ),
+        lambda: optax.contrib.muon(
+            0.05,
+            muon_weight_dimension_numbers={
+                "w": optax.contrib.MuonDimensionNumbers(),
+                "b": None,
+                "s": None,
+            },
+        ),
+        ALL_DTYPES,
+    ),
+    # ... and as a per-leaf predicate returning dimension numbers (here transposed).
+    Case(
+        "contrib.muon-predicate-dimension-numbers",
+        lambda: eqopt.contrib.muon(
+            0.05,
+            muon_weight_dimension_numbers=lambda x: (
+                MuonDimensionNumbers(reduction_axis=1, output_axis=0)
+                if x.ndim == 2
+                else None
+            ),
+        ),
+        lambda: optax.contrib.muon(
+            0.05,
+            muon_weight_dimension_numbers=_optax_dims(
+                w=optax.contrib.MuonDimensionNumbers(1, 0)
+            ),
+        ),
+        REAL_DTYPES,
+    ),
+    Case(
+        "contrib.scale_by_muon",
+        lambda: eqopt.contrib.scale_by_muon(
+            weight_dimension_numbers=lambda x: x.ndim == 2
+        ),
+        lambda: optax.partition(
+            {
+                "muon": optax.contrib.scale_by_muon(
+                    weight_dimension_numbers=lambda p: jax.tree.map(
+                        lambda _: optax.contrib.MuonDimensionNumbers(), p
+                    )
+                ),
+                "rest": optax.identity(),
+            },
+            {"w": "muon", "b": "rest", "s": "rest"},
+        ),
+        ALL_DTYPES,
+        needs_params=False,
+    ),
+]
+
+
+def _singular_values(x):
+    return np.linalg.svd(np.asarray(x, np.float64), compute_uv=False)
+
+
+@pytest.mark.parametrize("preconditioning", ["frobenius", "spectral", "aol"])
+def test_update_of_matrix_is_approximately_orthogonal(preconditioning):
+    """Muon's direction has all singular values near 1 and is close to U V^T."""
+    gradient = jax.random.normal(jax.random.key(0), (12, 7))
+    tx = eqopt.contrib.scale_by_muon(preconditioning=preconditioning, nesterov=False)
+    update, _ = tx.update({"w": gradient}, tx.init({"w": gradient}))
+    singular_values = _singular_values(update["w"])
+    # Jordan's quintic does not converge to 1 exactly: it lands in about [0.7, 1.2].
+    assert singular_values.min() > 0.6 and singular_values.max() < 1.25
+    u, _, vt = np.linalg.svd(np.asarray(gradient), full_matrices=False)
+    polar = u @ vt
+    assert np.linalg.norm(update["w"] - polar) / np.linalg.norm(polar) < 0.3
+    # Near-orthogonal columns: W^T W is close to the identity.
+    gram = np.asarray(update["w"]).T @ np.asarray(update["w"])
+    assert np.abs(gram - np.eye(7)).max() < 0.5
+
+
+def test_more_steps_get_closer_to_orthogonal():
+    """With the Dion schedule of coefficients the singular values are tighter around 1."""
+    gradient = jax.random.normal(jax.random.key(1), (9, 9))
+    tx = eqopt.contrib.scale_by_muon(ns_coeffs="dion", nesterov=False)
+    update, _ = tx.update({"w": gradient}, tx.init({"w": gradient}))
+    singular_values = _singular_values(update["w"])
+    assert np.all(np.abs(singular_values - 1) < 0.2)
+
+
+def test_filter_spec_selects_which_leaves_get_muon():
+    """Muon only on the hidden matrix chosen with eqx.tree_at; AdamW elsewhere."""
+    model = make_mlp()
+    hidden = jax.tree.map(lambda _: False, model)
+    hidden = eqx.tree_at(lambda m: m.layers[1].weight, hidden, True)
+    opt = eqopt.contrib.muon(0.1, muon_weight_dimension_numbers=hidden)
+    state = opt.init(model)
+    muon_mu = state.inner_states["muon"][0].mu
+    adam_mu = state.inner_states["adam"][0].mu
+    assert muon_mu.layers[1].weight is not None
+    assert muon_mu.layers[0].weight is None and muon_mu.layers[2].weight is None
+    assert adam_mu.layers[1].weight is None
+    assert adam_mu.layers[0].weight is not None and adam_mu.layers[1].bias is not None
+
+    grads = jax.tree.map(
+        lambda x: jnp.ones_like(x) if eqx.is_inexact_array(x) else None, model
+    )
+    grads = eqx.tree_at(
+        lambda g: g.layers[1].weight,
+        grads,
+        jax.random.normal(jax.random.key(2), (16, 16)),
+    )
+    updates, _ = opt.update(grads, state, model)
+    # The Muon leaf: an orthogonalised step of size lr (square, so no shape factor).
+    singular_values = _singular_values(updates.layers[1].weight)
+    assert singular_values.min() > 0.06 and singular_values.max() < 0.125
+    # An Adam leaf (Nesterov, as Muon's) with a constant gradient g: the first
+    # step is -lr (b1 (1 - b1) g / (1 - b1^2) + g) / |g| per element.
+    nadam_first_step = 0.9 * 0.1 / (1 - 0.9**2) + 1
+    np.testing.assert_allclose(
+        updates.layers[0].weight, -0.1 * nadam_first_step, rtol=1e-4
+    )
+
+
+def test_predicate_selects_which_leaves_get_muon():
+    model = make_mlp()
+    opt = eqopt.contrib.muon(
+        0.1, muon_weight_dimension_numbers=lambda x: x.ndim == 2 and x.shape == (16, 16)
+    )
+    state = opt.init(model)
+    muon_mu = state.inner_states["muon"][0].mu
+    assert muon_mu.layers[1].weight is not None
+    assert muon_mu.layers[0].weight is None and muon_mu.layers[2].weight is None
+    # The default: every 2-D leaf.
+    default_mu = eqopt.contrib.muon(0.1).init(model).inner_states["muon"][0].mu
+    assert all(layer.weight is not None for layer in default_mu.layers)
+    assert all(layer.bias is None for layer in default_mu.layers)
+
+
+def test_dimension_numbers_reshape_higher_rank_leaves():
+    """A 3-D leaf with a batch axis: each slice is orthogonalised on its own (as Optax)."""
+    kernel = jax.random.normal(jax.random.key(3), (2, 5, 3))
+    grads = {"k": kernel}
+    dims = MuonDimensionNumbers(reduction_axis=1, output_axis=2)
+    tx = eqopt.contrib.scale_by_muon(weight_dimension_numbers={"k": dims})
+    updates, _ = tx.update(grads, tx.init(grads))
+    single = eqopt.contrib.scale_by_muon()
+    for i in range(2):
+        slice_update, _ = single.update({"k": kernel[i]}, single.init({"k": kernel[i]}))
+        np.testing.assert_allclose(
+            updates["k"][i], slice_update["k"], rtol=1e-5, atol=1e-6
+        )
+    reference = optax.contrib.scale_by_muon(
+        weight_dimension_numbers={"k": optax.contrib.MuonDimensionNumbers(1, 2)}
+    )
+    reference_updates, _ = reference.update(grads, reference.init(grads))
+    np.testing.assert_allclose(
+        updates["k"], reference_updates["k"], rtol=1e-5, atol=1e-6
+    )
+    # Several reduction axes are flattened into one (a convolution kernel).
+    conv = {"k": jax.random.normal(jax.random.key(4), (4, 3, 2, 2))}
+    conv_dims = MuonDimensionNumbers(reduction_axis=(1, 2, 3), output_axis=0)
+    tx = eqopt.contrib.scale_by_muon(weight_dimension_numbers=conv_dims)
+    reference = optax.contrib.scale_by_muon(
+        weight_dimension_numbers={"k": optax.contrib.MuonDimensionNumbers((1, 2, 3), 0)}
+    )
+    updates, _ = tx.update(conv, tx.init(conv))
+    reference_updates, _ = reference.update(conv, reference.init(conv))
+    np.testing.assert_allclose(
+        updates["k"], reference_updates["k"], rtol=1e-5, atol=1e-6
+    )
+
+
+def test_muon_on_whole_model_matches_optax_on_its_arrays():
+    model = make_mlp()
+    params = eqx.filter(model, eqx.is_inexact_array)
+    opt, reference = eqopt.contrib.muon(0.02), optax.contrib.muon(0.02)
+    state, reference_state = opt.init(model), reference.init(params)
+    for step in range(3):
+        grads = jax.tree.map(
+            lambda x, step=step: (
+                jax.random.normal(jax.random.key(step), x.shape)
+                if eqx.is_inexact_array(x)
+                else None
+            ),
+            model,
+        )
+        updates, state = opt.update(grads, state, model)
+        reference_updates, reference_state = reference.update(
+            grads, reference_state, params
+        )
+        for ours, theirs in zip(
+            jax.tree.leaves(updates), jax.tree.leaves(reference_updates), strict=True
+        ):
+            np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-6)
+        model = eqopt.apply_updates(model, updates)
+        params = optax.apply_updates(params, reference_updates)
+
+
+def test_muon_trains_small_model():
+    first, last, _, _ = train(eqopt.contrib.muon(0.02, adam_learning_rate=3e-3), 150)
+    assert last < 0.3 * first
+
+
+def test_scale_by_muon_default_rejects_a_vector_naming_it():
+    model = make_model()
+    with pytest.raises(ValueError, match=r"Muon.*\.b.*rank >= 2"):
+        eqopt.contrib.scale_by_muon().init(model)
+
+
+def test_bad_specs_are_clear_errors():
+    model = make_model()
+    with pytest.raises(ValueError, match="applied to each leaf"):
+        eqopt.contrib.muon(0.1, muon_weight_dimension_numbers=lambda x: "yes").init(
+            model
+        )
+    with pytest.raises(ValueError, match="distinct"):
+        eqopt.contrib.scale_by_muon(
+            weight_dimension_numbers=lambda x: (
+                MuonDimensionNumbers(0, 0) if x.ndim == 2 else None
+            )
+        ).init(model)
+    with pytest.raises(ValueError, match="preset"):
+        eqopt.contrib.muon(0.1, ns_coeffs="fast")
+    with pytest.raises(ValueError, match="ns_coeffs"):
+        eqopt.contrib.scale_by_muon(ns_coeffs=(1.0, 2.0))
+    with pytest.raises(TypeError, match="preconditioning"):
+        eqopt.contrib.scale_by_muon(preconditioning="polar")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="reduction_axis"):
+        MuonDimensionNumbers(reduction_axis="rows")  # type: ignore[arg-type]
+
+
+def test_muon_is_a_partition_readable_by_group():
+    opt = eqopt.contrib.muon(0.1)
+    assert isinstance(opt, eqopt.Partition)
+    assert not opt.elementwise
+    muon_chain = opt.transforms["muon"]
+    assert muon_chain.names == (
+        "scale_by_muon",
+        "scale_by_shape",
+        "add_decayed_weights",
+        "scale_by_learning_rate",
+    )
+    assert float(muon_chain.scale_by_muon.beta) == pytest.approx(0.95)
+    assert MuonDimensionNumbers() == MuonDimensionNumbers(0, 1)
+    assert MuonDimensionNumbers([1, 2], 0).reduction_axis == (1, 2)
+
+
+def test_spectral_preconditioning_runs_in_bfloat16():
+    """The spectral norm's SVD runs in float32 (Optax has no bfloat16 SVD on CPU)."""
+    gradient = jax.random.normal(jax.random.key(5), (8, 6))
+    tx = eqopt.contrib.scale_by_muon(preconditioning="spectral", nesterov=False)
+    low_grads = {"w": gradient.astype(jnp.bfloat16)}
+    low, _ = tx.update(low_grads, tx.init(low_grads))
+    high, _ = tx.update({"w": gradient}, tx.init({"w": gradient}))
+    assert low["w"].dtype == jnp.bfloat16
+    np.testing.assert_allclose(
+        np.asarray(low["w"], np.float32), high["w"], rtol=0.1, atol=0.05
+    )
