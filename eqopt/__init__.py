@@ -57,6 +57,13 @@ with _jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
         partition as partition,
     )
     from ._filters import FilterSpec as FilterSpec
+    from ._interop import (
+        FromOptax as FromOptax,
+        FromOptaxState as FromOptaxState,
+        OptaxTransformation as OptaxTransformation,
+        from_optax as from_optax,
+        to_optax as to_optax,
+    )
     from ._hyper import ScalarOrSchedule as ScalarOrSchedule
     from ._linalg import (
         matrix_inverse_pth_root as matrix_inverse_pth_root,

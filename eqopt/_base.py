@@ -316,7 +316,9 @@ class _AnyTransformMeta(type(eqx.Module)):
 _MISSING: Any = object()
 
 
-class GradientTransformation(AbstractGradientTransformation, metaclass=_AnyTransformMeta):
+class GradientTransformation(
+    AbstractGradientTransformation, metaclass=_AnyTransformMeta
+):
     """Makes an eqopt transform from an Optax-style pair of plain functions.
 
     `init(params) -> state` and `update(updates, state, params=None) ->
