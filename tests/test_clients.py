@@ -6,6 +6,9 @@ the Optax one, and compares the numbers. A library that is not installed skips
 its test (the `tests` extra installs them all).
 """
 
+import pathlib
+import re
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -201,3 +204,30 @@ def test_optax_stateful_transform_in_eqopt_chain_with_from_optax():
     inner = state.from_optax.inner_state
     assert int(inner[0].count) == STEPS
     assert model.activation is jax.nn.relu
+
+
+def test_coming_from_optax_nnx_example_runs():
+    """The Flax NNX example of docs/coming-from-optax.md runs as written."""
+    pytest.importorskip("flax.nnx")
+    page = pathlib.Path(__file__).parent.parent / "docs" / "coming-from-optax.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
+    (example,) = [block for block in blocks if "nnx.Optimizer(" in block]
+    namespace = {}
+    exec(compile(example, str(page), "exec"), namespace)
+    assert isinstance(namespace["optimizer"].opt_state, eqopt.ChainState)
+
+
+def test_optax_combinators_take_eqopt_transforms():
+    """`optax.chain` unpacks each part as `(init, update)`: eqopt transforms allow it."""
+    params = {"a": jnp.linspace(-1.0, 1.0, 3)}
+    grads = {"a": jnp.array([0.5, -2.0, 1.0])}
+
+    def run(inner):
+        tx = optax.chain(optax.clip(1.0), inner)
+        state = tx.init(params)
+        for _ in range(STEPS):
+            updates, state = tx.update(grads, state, params)
+        return updates
+
+    ours, theirs = run(eqopt.adam(1e-2)), run(optax.adam(1e-2))
+    np.testing.assert_allclose(ours["a"], theirs["a"], rtol=RTOL, atol=ATOL)

@@ -154,7 +154,7 @@ class WarmupCosineDecaySchedule(AbstractSchedule):
             self.exponent,
             count - self.warmup_steps,
         )
-        return jnp.where(count < self.warmup_steps, warmup, decay)
+        return jnp.where(jnp.asarray(count) < self.warmup_steps, warmup, decay)
 
 
 def warmup_cosine_decay_schedule(

@@ -175,7 +175,7 @@ class WarmupExponentialDecaySchedule(AbstractSchedule):
             self.end_value,
             count - self.warmup_steps,
         )
-        return jnp.where(count < self.warmup_steps, warmup, decay)
+        return jnp.where(jnp.asarray(count) < self.warmup_steps, warmup, decay)
 
 
 def warmup_exponential_decay_schedule(

@@ -50,7 +50,9 @@ class JoinSchedules(AbstractSchedule):
     def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         value = self.schedules[0](count)
         for boundary, schedule in zip(self.boundaries, self.schedules[1:], strict=True):
-            value = jnp.where(count < boundary, value, schedule(count - boundary))
+            value = jnp.where(
+                jnp.asarray(count) < boundary, value, schedule(count - boundary)
+            )
         return value
 
 
