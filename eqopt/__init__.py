@@ -70,6 +70,13 @@ with _jaxtyping.install_import_hook("eqopt", "eqopt._typecheck.typechecker"):
         bucketed as bucketed,
     )
     from ._fused._pack import Packed as Packed, pack as pack
+    from ._interop import (
+        FromOptax as FromOptax,
+        FromOptaxState as FromOptaxState,
+        OptaxTransformation as OptaxTransformation,
+        from_optax as from_optax,
+        to_optax as to_optax,
+    )
     from ._hyper import ScalarOrSchedule as ScalarOrSchedule
     from ._linalg import (
         matrix_inverse_pth_root as matrix_inverse_pth_root,

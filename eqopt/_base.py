@@ -3,7 +3,7 @@
 import abc
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, TypeAlias, no_type_check
 
 import equinox as eqx
@@ -265,6 +265,11 @@ class AbstractGradientTransformation(eqx.Module):
     def __eq__(self, other: object) -> bool:
         return self is other
 
+    # Optax's transformations are `(init, update)` pairs, and Optax code unpacks
+    # them: `init, update = tx`.
+    def __iter__(self) -> Iterator[Callable]:
+        return iter((self.init, self.update))
+
     @property
     @abc.abstractmethod
     def elementwise(self) -> bool:
@@ -314,8 +319,24 @@ class AbstractGradientTransformation(eqx.Module):
         return pretty(self)
 
 
-class EmptyState(eqx.Module):
-    """The state of a stateless transform."""
+class _EmptyStateMeta(type(eqx.Module)):
+    # Optax's `EmptyState()` is an empty tuple, and a checkpoint restored without
+    # a target may give `{}` or `None` for it: all are the state of a stateless
+    # transform, so `state: EmptyState` accepts them.
+    @no_type_check
+    def __instancecheck__(cls, obj: Any) -> bool:
+        if obj is None or (isinstance(obj, (tuple, list, dict)) and len(obj) == 0):
+            return True
+        return super().__instancecheck__(obj)
+
+
+class EmptyState(eqx.Module, metaclass=_EmptyStateMeta):
+    """The state of a stateless transform.
+
+    A stateless transform's `update` also accepts Optax's spellings of an empty
+    state (`optax.EmptyState()`, `()`, `{}` or `None`) and returns it unchanged,
+    so `isinstance(x, EmptyState)` is true for each of them.
+    """
 
 
 def _accepts_extra_args(fn: Callable) -> bool:
@@ -326,22 +347,46 @@ def _accepts_extra_args(fn: Callable) -> bool:
     return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
-class GradientTransformation(AbstractGradientTransformation):
+class _AnyTransformMeta(type(eqx.Module)):
+    # In Optax every transformation is a `GradientTransformation` (most are
+    # `GradientTransformationExtraArgs`), and code checks
+    # `isinstance(tx, optax.GradientTransformation)`. Here every transform is an
+    # `AbstractGradientTransformation` and forwards extra arguments, so both
+    # checks mean "is an eqopt transform".
+    # (Read from the MRO: `issubclass` would recurse through ABCMeta's checks.)
+    @no_type_check
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return AbstractGradientTransformation in type(obj).__mro__
+
+
+_MISSING: Any = object()
+
+
+class GradientTransformation(
+    AbstractGradientTransformation, metaclass=_AnyTransformMeta
+):
     """Makes an eqopt transform from an Optax-style pair of plain functions.
 
-    `init_fn(params) -> state` and `update_fn(updates, state, params=None) ->
-    (updates, state)`. If `update_fn` takes `**kwargs`, extra arguments are
-    forwarded to it; otherwise they are dropped. Code written for Optax's
-    `GradientTransformation` or `GradientTransformationExtraArgs` ports by
-    changing the import.
+    `init(params) -> state` and `update(updates, state, params=None) ->
+    (updates, state)`, given positionally or by Optax's keywords `init` and
+    `update` (`init_fn` and `update_fn` are accepted too). If `update` takes
+    `**kwargs`, extra arguments are forwarded to it; otherwise they are dropped.
+    Code written for Optax's `GradientTransformation` or
+    `GradientTransformationExtraArgs` ports by changing the import: the object
+    unpacks as `init, update = tx`, and
+    `isinstance(tx, eqopt.GradientTransformation)` (or `...ExtraArgs`) is true
+    for every eqopt transform, as it is for every Optax one in Optax.
+
+    The functions are kept as the fields `init_fn` and `update_fn`; `tx.init` and
+    `tx.update` are the methods that call them, so they behave as in Optax.
 
     Such a pair is opaque to eqopt: it is not declared elementwise, and its
     hyperparameters (captured in closures) are not leaves.
 
     **Arguments:**
 
-    - `init_fn`: builds the state from the params.
-    - `update_fn`: maps `(updates, state, params)` to `(updates, state)`.
+    - `init`: builds the state from the params.
+    - `update`: maps `(updates, state, params)` to `(updates, state)`.
     """
 
     init_fn: Callable
@@ -352,10 +397,17 @@ class GradientTransformation(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return False
 
-    def __init__(self, init_fn: Callable, update_fn: Callable):
-        self.init_fn = init_fn
-        self.update_fn = update_fn
-        self.forwards_extra_args = _accepts_extra_args(update_fn)
+    def __init__(
+        self,
+        init: Callable = _MISSING,
+        update: Callable = _MISSING,
+        *,
+        init_fn: Callable = _MISSING,
+        update_fn: Callable = _MISSING,
+    ):
+        self.init_fn = _one_of("init", init, "init_fn", init_fn)
+        self.update_fn = _one_of("update", update, "update_fn", update_fn)
+        self.forwards_extra_args = _accepts_extra_args(self.update_fn)
 
     def init(self, params: Params) -> OptState:
         return self.init_fn(params)
@@ -371,12 +423,25 @@ class GradientTransformation(AbstractGradientTransformation):
             return self.update_fn(updates, state, params, **extra_args)
         return self.update_fn(updates, state, params)
 
-    # Optax code unpacks a transformation as `init, update = tx`.
-    def __iter__(self):
-        return iter((self.init, self.update))
+
+def _one_of(name: str, value: Any, old_name: str, old_value: Any) -> Callable:
+    if value is _MISSING and old_value is _MISSING:
+        raise TypeError(f"GradientTransformation: missing the function `{name}`.")
+    if value is not _MISSING and old_value is not _MISSING:
+        raise TypeError(
+            f"GradientTransformation: got both `{name}` and `{old_name}`; pass one."
+        )
+    function = old_value if value is _MISSING else value
+    if not callable(function):
+        raise TypeError(
+            f"GradientTransformation: `{name}` must be callable, got "
+            f"{type(function).__name__}."
+        )
+    return function
 
 
-#: Optax's name for a transformation whose update accepts extra arguments.
+#: Optax's name for a transformation whose update accepts extra arguments. Every
+#: eqopt transform does, so it is [`eqopt.GradientTransformation`][] itself.
 GradientTransformationExtraArgs = GradientTransformation
 
 

@@ -74,15 +74,13 @@ class _NamedTuple(eqx.Module):
     def __len__(self) -> int:
         return len(self._parts())
 
-    def __iter__(self):
-        return iter(self._parts())
-
 
 class ChainState(_NamedTuple):
     """The state of a `Chain`: the parts' states in order.
 
     Read a part's state by position (`state[0]`), by name (`state["scale_by_adam"]`)
-    or as an attribute (`state.scale_by_adam.mu`).
+    or as an attribute (`state.scale_by_adam.mu`). Like Optax's tuple it has a
+    `len`, iterates over the parts' states and unpacks: `adam_state, _ = state`.
     """
 
     states: tuple[Any, ...]
@@ -90,6 +88,11 @@ class ChainState(_NamedTuple):
 
     def _parts(self) -> tuple:
         return self.states
+
+    # Only the state iterates over its parts: a `Chain` iterates as Optax's
+    # `(init, update)` pair (see `AbstractGradientTransformation.__iter__`).
+    def __iter__(self):
+        return iter(self.states)
 
 
 class Chain(_NamedTuple, AbstractGradientTransformation):

@@ -25,6 +25,7 @@ import pytest
 from helpers import assert_tree_allclose
 
 import eqopt.losses as losses
+from eqopt.losses._utils import ShapeMismatchError
 
 # The tests compile many small graphs, for which XLA's backend optimisations cost
 # far more time than they save.
@@ -938,137 +939,137 @@ def test_generalized_dice_absent_class():
 # Bad inputs.
 
 _TYPE_ERROR = jaxtyping.TypeCheckError
+_SHAPE_ERROR = ShapeMismatchError  # a ValueError (and a TypeError, as JAX's are)
+
+Z = jnp.zeros
 
 
 @pytest.mark.parametrize(
     "call, error, match",
     [
-        (
-            lambda: losses.softmax_cross_entropy(jnp.zeros((2, 3)), jnp.array([0, 2])),
-            _TYPE_ERROR,
-            "parameter 'labels'",
-        ),
-        (
-            lambda: losses.softmax_cross_entropy(jnp.zeros((2, 3)), jnp.zeros((2, 4))),
-            _TYPE_ERROR,
-            "parameter 'labels'",
-        ),
+        # Wrong dtypes are type errors.
         (
             lambda: losses.softmax_cross_entropy_with_integer_labels(
-                jnp.zeros((2, 3)), jnp.array([0.0, 2.0])
+                Z((2, 3)), jnp.array([0.0, 2.0])
             ),
             _TYPE_ERROR,
             "parameter 'labels'",
         ),
         (
             lambda: losses.softmax_cross_entropy_with_integer_labels(
-                jnp.zeros((2, 3)), jnp.array([0, 1, 2])
-            ),
-            ValueError,
-            r"`labels` must have the shape of `logits` \(2, 3\) without axis -1",
-        ),
-        (
-            lambda: losses.softmax_cross_entropy_with_integer_labels(
-                jnp.zeros((2, 3), jnp.int32), jnp.array([0, 1])
+                Z((2, 3), jnp.int32), jnp.array([0, 1])
             ),
             _TYPE_ERROR,
             "parameter 'logits'",
         ),
         (
-            lambda: losses.multiclass_hinge_loss(jnp.zeros((2, 4)), jnp.zeros(2)),
+            lambda: losses.multiclass_hinge_loss(Z((2, 4)), Z(2)),
             _TYPE_ERROR,
             "parameter 'labels'",
         ),
         (
-            lambda: losses.multiclass_sparsemax_loss(
-                jnp.zeros((2, 4)), jnp.array([0, 1, 2])
-            ),
-            _TYPE_ERROR,
-            "parameter 'labels'",
-        ),
-        (
-            lambda: losses.sparsemax_loss(jnp.zeros(3), jnp.array([0.0, 1.0, 1.0])),
-            _TYPE_ERROR,
-            "parameter 'labels'",
-        ),
-        (
-            lambda: losses.sigmoid_binary_cross_entropy(
-                jnp.zeros((4, 1)), jnp.zeros(4)
-            ),
-            _TYPE_ERROR,
-            "parameter 'labels'",
-        ),
-        (
-            lambda: losses.l2_loss(jnp.zeros((4, 1)), jnp.zeros(4)),
-            _TYPE_ERROR,
-            "parameter 'targets'",
-        ),
-        (
-            lambda: losses.kl_divergence(
-                jnp.zeros((2, 3)), jnp.zeros((2, 3)), where=jnp.ones((2, 3))
-            ),
+            lambda: losses.kl_divergence(Z((2, 3)), Z((2, 3)), where=jnp.ones((2, 3))),
             _TYPE_ERROR,
             "parameter 'where'",
         ),
         (
+            lambda: losses.ctc_loss(Z((2, 5, 3)), Z((2, 5)), Z((2, 2)), Z((2, 2))),
+            _TYPE_ERROR,
+            "parameter 'labels'",
+        ),
+        (
+            lambda: losses.dice_loss(Z((2, 3, 3)), Z((2, 3, 3)), reduction=1),
+            _TYPE_ERROR,
+            "parameter 'reduction'",
+        ),
+        # Bad values (shapes that do not agree, unknown choices) are value errors.
+        (
+            lambda: losses.softmax_cross_entropy(Z((2, 3)), jnp.array([0, 2])),
+            _SHAPE_ERROR,
+            r"`labels` has shape \(2,\) but `logits` has shape \(2, 3\)",
+        ),
+        (
+            lambda: losses.softmax_cross_entropy(Z((2, 3)), Z((2, 4))),
+            _SHAPE_ERROR,
+            r"`labels` has shape \(2, 4\)",
+        ),
+        (
+            lambda: losses.softmax_cross_entropy_with_integer_labels(
+                Z((2, 3)), jnp.array([0, 1, 2])
+            ),
+            ValueError,
+            r"`labels` must have the shape of `logits` \(2, 3\) without axis -1",
+        ),
+        (
+            lambda: losses.multiclass_sparsemax_loss(Z((2, 4)), jnp.array([0, 1, 2])),
+            _SHAPE_ERROR,
+            "`labels` has shape \\(3,\\) but `scores` without its last axis",
+        ),
+        (
+            lambda: losses.sigmoid_binary_cross_entropy(Z((4, 1)), Z(4)),
+            _SHAPE_ERROR,
+            "`labels`",
+        ),
+        (
+            lambda: losses.squared_error(Z((4, 1)), Z(4)),
+            _SHAPE_ERROR,
+            r"squared_error: `targets` has shape \(4,\)",
+        ),
+        (
+            lambda: losses.l2_loss(Z((2, 3)), Z((3, 3))),
+            _SHAPE_ERROR,
+            "`targets`",
+        ),
+        (
             lambda: losses.softmax_cross_entropy(
-                jnp.zeros((2, 3)), jnp.zeros((2, 3)), where=jnp.ones(3, bool)
+                Z((2, 3)), Z((2, 3)), where=jnp.ones(3, bool)
             ),
             ValueError,
             r"`where` must have shape \(2, 3\) or \(2,\)",
         ),
         (
-            lambda: losses.cosine_similarity(
-                jnp.zeros((2, 3)), jnp.zeros((2, 3)), axis=2
-            ),
+            lambda: losses.cosine_similarity(Z((2, 3)), Z((2, 3)), axis=2),
             ValueError,
             "out of range",
         ),
         (
             lambda: losses.ctc_loss(
-                jnp.zeros((2, 5, 3)),
-                jnp.zeros((2, 5)),
-                jnp.zeros((2, 2)),
-                jnp.zeros((2, 2)),
+                Z((2, 5, 3)), Z((2, 4)), Z((2, 2), jnp.int32), Z((2, 2))
             ),
-            _TYPE_ERROR,
-            "parameter 'labels'",
+            _SHAPE_ERROR,
+            "`logit_paddings`",
         ),
         (
             lambda: losses.ctc_loss(
-                jnp.zeros((2, 5, 3)),
-                jnp.zeros((2, 4)),
-                jnp.zeros((2, 2), jnp.int32),
-                jnp.zeros((2, 2)),
+                Z((2, 5)), Z((2, 5)), Z((2, 2), jnp.int32), Z((2, 2))
             ),
-            _TYPE_ERROR,
-            "parameter 'logit_paddings'",
+            _SHAPE_ERROR,
+            "`logit_paddings`",
         ),
         (
-            lambda: losses.ntxent(jnp.zeros((4, 3)), jnp.array([0, 0, 1])),
-            _TYPE_ERROR,
-            "parameter 'labels'",
+            lambda: losses.ntxent(Z((4, 3)), jnp.array([0, 0, 1])),
+            _SHAPE_ERROR,
+            "`labels`",
         ),
         (
-            lambda: losses.dice_loss(
-                jnp.zeros((2, 3, 3)), jnp.zeros((2, 3, 3)), reduction="avg"
-            ),
-            _TYPE_ERROR,
-            "parameter 'reduction'",
+            lambda: losses.dice_loss(Z((2, 3, 3)), Z((2, 3, 3)), reduction="avg"),
+            ValueError,
+            "`reduction` must be one of",
         ),
         (
-            lambda: losses.dice_loss(
-                jnp.zeros((2, 3, 3)), jnp.zeros((2, 3, 3)), axis=(1, 2)
-            ),
+            lambda: losses.dice_loss(Z((2, 3, 3)), Z((2, 3, 4))),
+            _SHAPE_ERROR,
+            "`targets`",
+        ),
+        (
+            lambda: losses.dice_loss(Z((2, 3, 3)), Z((2, 3, 3)), axis=(1, 2)),
             ValueError,
             "includes the class axis",
         ),
         (
-            lambda: losses.triplet_margin_loss(
-                jnp.zeros((2, 3)), jnp.zeros((2, 3)), jnp.zeros((3, 3))
-            ),
-            _TYPE_ERROR,
-            "parameter 'negatives'",
+            lambda: losses.triplet_margin_loss(Z((2, 3)), Z((2, 3)), Z((3, 3))),
+            _SHAPE_ERROR,
+            "`negatives`",
         ),
     ],
 )
@@ -1077,10 +1078,33 @@ def test_bad_inputs(call, error, match):
         call()
 
 
+def test_shape_errors_are_value_and_type_errors():
+    """Optax raises `ValueError` where it checks shapes and JAX's `TypeError` where
+    it broadcasts: code catching either catches ours."""
+    for error in (ValueError, TypeError):
+        with pytest.raises(error):
+            losses.squared_error(Z((4, 1)), Z(4))
+    for name, arguments in (
+        ("squared_error", (Z((4, 1)), Z(4))),
+        ("l2_loss", (Z((2, 3)), Z((3, 3)))),
+        ("perceptron_loss", (Z((2, 3)), Z((2, 4)))),
+        ("dice_loss", (Z((2, 3, 3)), Z((2, 3, 4)))),
+        ("ctc_loss", (Z((2, 5)), Z((2, 5)), Z((2, 2), jnp.int32), Z((2, 2)))),
+    ):
+        with pytest.raises(ValueError):
+            getattr(optax.losses, name)(*arguments)
+        with pytest.raises(ValueError):
+            getattr(losses, name)(*arguments)
+    with pytest.raises(ValueError):
+        optax.losses.dice_loss(Z((2, 3, 3)), Z((2, 3, 3)), reduction="avg")
+
+
 def test_bad_inputs_raise_under_jit():
     fn = jax.jit(losses.softmax_cross_entropy)
+    with pytest.raises(_SHAPE_ERROR, match="`labels`"):
+        fn(Z((2, 3)), jnp.array([0, 2]))
     with pytest.raises(_TYPE_ERROR, match="parameter 'labels'"):
-        fn(jnp.zeros((2, 3)), jnp.array([0, 2]))
+        fn(Z((2, 3)), jnp.zeros((2, 3), jnp.int32))
 
 
 # ---------------------------------------------------------------------------
@@ -1195,7 +1219,7 @@ def test_difference_no_implicit_broadcasting(name):
     ours, theirs = getattr(losses, name), getattr(optax.losses, name)
     with jax.numpy_rank_promotion("allow"):
         assert jax.eval_shape(theirs, predictions, targets).shape == (4, 4)
-    with pytest.raises(_TYPE_ERROR):
+    with pytest.raises(_SHAPE_ERROR):
         jax.eval_shape(ours, predictions, targets)
     assert jax.eval_shape(ours, predictions[:, 0], targets).shape == (4,)
 
@@ -1205,3 +1229,128 @@ def test_sparsemax_many_batch_axes():
     loss = _jit(losses.multiclass_sparsemax_loss)
     flat = loss(scores.reshape(6, 5), labels.reshape(6))
     assert_tree_allclose(loss(scores, labels), flat.reshape(2, 3))
+
+
+# ---------------------------------------------------------------------------
+# Issue 7 and 9: labels Optax accepts, large logits, triplet gradients.
+
+
+def test_sparsemax_loss_accepts_float_and_bool_labels_like_optax():
+    logits = jnp.array([-2.0, -0.5, 0.0, 0.3, 1.5, jnp.inf, -jnp.inf])
+    integer = jnp.array([0, 1, 0, 1, 1, 1, 0])
+    for labels in (integer, integer.astype(jnp.float32), integer.astype(bool)):
+        assert_tree_allclose(
+            losses.sparsemax_loss(logits, labels),
+            losses.sparsemax_loss(logits, integer),
+        )
+    assert_tree_allclose(
+        losses.sparsemax_loss(logits, integer),
+        jnp.array([0, 0.5625, 0.25, 0.1225, 0, 0, 0]),
+    )
+    finite = logits[:5]
+    # Optax counts any non-zero label as 1: so do we.
+    for labels in (
+        integer[:5].astype(jnp.float32),
+        jnp.array([0.25, 0.0, 1.0, 0.0, 0.75]),
+    ):
+        ours, theirs = (
+            jax.value_and_grad(lambda x, f=f, y=labels: jnp.sum(f(x, y)))(finite)
+            for f in (losses.sparsemax_loss, optax.losses.sparsemax_loss)
+        )
+        assert_tree_allclose(ours, theirs)
+
+
+def _multiclass_sparsemax_reference(scores, labels):
+    # Float64 NumPy, from the definition: <p, z> - |p|^2 / 2 + 1/2 - z_k.
+    scores = np.asarray(scores, np.float64)
+    losses_, grads = [], []
+    for z, k in zip(
+        scores.reshape(-1, scores.shape[-1]), np.ravel(labels), strict=True
+    ):
+        descending = np.sort(z)[::-1]
+        cumulative = np.cumsum(descending)
+        ranks = np.arange(1, z.size + 1)
+        support = ranks[1 + ranks * descending > cumulative][-1]
+        tau = (cumulative[support - 1] - 1) / support
+        p = np.maximum(z - tau, 0)
+        losses_.append(p @ z - 0.5 * p @ p + 0.5 - z[k])
+        grads.append(p - np.eye(z.size)[k])
+    return np.array(losses_).reshape(scores.shape[:-1]), np.array(grads).reshape(
+        scores.shape
+    )
+
+
+@pytest.mark.parametrize("scale", [1e4, 1e5, 1e8])
+def test_multiclass_sparsemax_loss_large_logits(scale):
+    base = _normal(jax.random.key(0), (4, 5))
+    cases = {
+        "correct class far ahead": (base.at[:, 0].add(scale), jnp.zeros(4, jnp.int32)),
+        "wrong class far ahead": (base.at[:, 0].add(scale), jnp.arange(1, 5)),
+        "all scores large": (base * scale, jnp.array([0, 1, 2, 3])),
+        "near tie at the top": (
+            base.at[:, 0].add(scale).at[:, 1].add(scale - 0.5),
+            jnp.array([0, 1, 0, 1]),
+        ),
+    }
+    value_and_grad = lambda f, scores, labels: jax.value_and_grad(
+        lambda s: jnp.sum(f(s, labels))
+    )(scores)
+    for name, (scores, labels) in cases.items():
+        ours = _jit(losses.multiclass_sparsemax_loss)(scores, labels)
+        _, ours_grad = value_and_grad(losses.multiclass_sparsemax_loss, scores, labels)
+        expected, expected_grad = _multiclass_sparsemax_reference(scores, labels)
+        # Exact up to float32's rounding of the scores themselves.
+        np.testing.assert_allclose(ours, expected, rtol=1e-6, atol=2e-6, err_msg=name)
+        np.testing.assert_allclose(ours_grad, expected_grad, atol=1e-6, err_msg=name)
+        assert jnp.all(ours >= 0)
+        if name != "near tie at the top":  # Optax loses the tie to rounding
+            theirs = optax.losses.multiclass_sparsemax_loss(scores, labels)
+            _, theirs_grad = value_and_grad(
+                optax.losses.multiclass_sparsemax_loss, scores, labels
+            )
+            np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6, err_msg=name)
+            np.testing.assert_allclose(ours_grad, theirs_grad, atol=1e-6, err_msg=name)
+    # The case of issue 9: the correct class at 1e5 gives 0, not a negative loss.
+    scores = jnp.array([[scale, 0.3, -0.2, 0.1]])
+    assert float(losses.multiclass_sparsemax_loss(scores, jnp.array([0]))[0]) == 0.0
+
+
+def test_triplet_margin_loss_gradient_matches_optax_for_even_degrees():
+    keys = jax.random.split(jax.random.key(3), 3)
+    anchors, positives, negatives = (_normal(k, (8, 6)) for k in keys)
+
+    def gradient(loss, **kwargs):
+        total = lambda a, p, n: jnp.sum(loss(a, p, n, **kwargs))
+        return jax.grad(total, argnums=(0, 1, 2))(anchors, positives, negatives)
+
+    for kwargs in ({}, {"norm_degree": 4}, {"axis": 0, "margin": 0.5}):
+        assert_tree_allclose(
+            gradient(losses.triplet_margin_loss, **kwargs),
+            gradient(optax.losses.triplet_margin_loss, **kwargs),
+            rtol=1e-5,
+            atol=1e-6,
+        )
+
+
+def test_difference_triplet_odd_degree_gradient():
+    """The "max abs error 2" of issue 7: with `norm_degree=1` Optax differentiates
+    the signed sum `sum(a - p)`, a gradient of +-1 per entry where the L1 distance
+    has `sign(a - p)`."""
+    keys = jax.random.split(jax.random.key(3), 3)
+    anchors, positives, negatives = (_normal(k, (8, 6)) for k in keys)
+
+    def gradient(loss):
+        total = lambda a: jnp.sum(loss(a, positives, negatives, norm_degree=1, eps=0.0))
+        return jax.grad(total)(anchors)
+
+    ours = gradient(losses.triplet_margin_loss)
+    theirs = gradient(optax.losses.triplet_margin_loss)
+    l1 = lambda a: jnp.sum(
+        jax.nn.relu(
+            jnp.sum(jnp.abs(a - positives), -1)
+            - jnp.sum(jnp.abs(a - negatives), -1)
+            + 1
+        )
+    )
+    assert_tree_allclose(ours, jax.grad(l1)(anchors))
+    assert float(jnp.max(jnp.abs(ours - theirs))) == 2.0

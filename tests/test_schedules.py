@@ -456,8 +456,8 @@ def test_type_checked():
         pytest.skip(
             "`eqopt/__init__.py` does not import `schedules` under its hook yet"
         )
-    with pytest.raises(Exception, match="count"):
-        schedules.linear_schedule(1.0, 0.0, 10)(jnp.zeros(3))
+    with pytest.raises(TypeError, match="count"):
+        schedules.linear_schedule(1.0, 0.0, 10)(jnp.zeros(3, jnp.complex64))
     with pytest.raises(Exception, match="init_value"):
         schedules.linear_schedule(jnp.ones(2), 0.0, 10)
 
@@ -477,3 +477,68 @@ def test_polynomial_fractional_power_finite_under_jit():
     values = eqx.filter_jit(jax.vmap(schedule))(jnp.arange(12))
     assert jnp.all(jnp.isfinite(values))
     assert_tree_allclose(values[7:], jnp.full(5, 2.0))
+
+
+# ---------------------------------------------------------------------------
+# Arrays of steps (Optax's `schedule(jnp.arange(n))`, for plotting)
+# ---------------------------------------------------------------------------
+
+
+def _optax_on_steps(theirs, counts):
+    # Optax returns a scalar for schedules that ignore the step, and its
+    # piecewise-interpolated schedules fail on arrays: evaluate it step by step.
+    flat = jnp.ravel(counts)
+    return jax.vmap(theirs)(flat).reshape(counts.shape)
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_jax_jit_on_array_of_steps(case):
+    """`jax.jit(schedule)(jnp.arange(n))` works and gives the value at each step."""
+    ours = case.build(schedules)
+    theirs = case.build(optax.schedules)
+    n = case.horizon + 3
+    counts = jnp.arange(-2, n - 2)
+    values = jax.jit(ours)(counts)
+    assert values.shape == (n,) and jnp.issubdtype(values.dtype, jnp.floating)
+    assert_tree_allclose(values, _optax_on_steps(theirs, counts))
+    # Any shape, integer or float steps, eagerly too.
+    grid = jnp.arange(6).reshape(2, 3) * (case.horizon // 4 + 1)
+    assert_tree_allclose(ours(grid), _optax_on_steps(theirs, grid))
+    halves = jnp.arange(4, dtype=jnp.float32) * 1.5
+    assert_tree_allclose(ours(halves), _optax_on_steps(theirs, halves))
+    # Each entry is the schedule at that step.
+    assert_tree_allclose(values[3], ours(int(counts[3])))
+
+
+def test_linear_schedule_on_steps_like_optax():
+    import eqopt
+
+    values = eqopt.linear_schedule(0.0, 1.0, 10)(jnp.arange(4))
+    assert_tree_allclose(values, jnp.array([0.0, 0.1, 0.2, 0.3]))
+    assert_tree_allclose(values, optax.linear_schedule(0.0, 1.0, 10)(jnp.arange(4)))
+
+
+def test_step_independent_schedules_broadcast():
+    """Ours gives one value per step where Optax returns a single scalar."""
+    counts = jnp.arange(5)
+    for ours, theirs in (
+        (schedules.constant_schedule(0.5), optax.constant_schedule(0.5)),
+        (schedules.linear_schedule(0.3, 1.0, 0), optax.linear_schedule(0.3, 1.0, 0)),
+        (
+            schedules.piecewise_constant_schedule(0.25),
+            optax.piecewise_constant_schedule(0.25),
+        ),
+    ):
+        assert jnp.shape(theirs(counts)) == ()
+        assert_tree_allclose(ours(counts), jnp.full(5, theirs(counts)))
+    # A plain function that ignores the step, too.
+    assert schedules.as_schedule(lambda count: 0.1)(counts).shape == (5,)
+
+
+def test_piecewise_interpolate_on_steps_where_optax_fails():
+    ours = schedules.linear_onecycle_schedule(20, 1.0)
+    theirs = optax.linear_onecycle_schedule(20, 1.0)
+    counts = jnp.arange(24)
+    with pytest.raises((TypeError, ValueError)):
+        theirs(counts)
+    assert_tree_allclose(ours(counts), _optax_on_steps(theirs, counts))

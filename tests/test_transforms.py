@@ -1,5 +1,6 @@
 """Generic tests run over every case of the registry (see registry.py)."""
 
+import functools as ft
 import io
 
 import equinox as eqx
@@ -69,6 +70,27 @@ def test_jit_no_retrace_when_hyperparameter_changes(case):
     model, state = step(jax.tree.unflatten(treedef, changed), model, state)
     model, state = step(tx, model, state)
     assert len(traces) == 1
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=CASE_IDS)
+def test_jax_jit_of_bound_methods(case):
+    """Optax's idiom `jax.jit(tx.init)`, `jax.jit(tx.update)`: transforms hash by identity.
+
+    `jax.jit` takes arrays only, so the model's non-array leaves are filtered out,
+    as Optax users do.
+    """
+    model = make_model()
+    params = eqx.filter(model, eqx.is_array)
+    tx = build(case.make, model)
+    state = jax.jit(tx.init)(params)
+    grads = random_grads(model, 0)
+    extra = {} if case.extra_args is None else case.extra_args(model, grads)
+    # Functions among the extra arguments (`value_fn`) cannot be `jax.jit` inputs.
+    closed = {k: v for k, v in extra.items() if not eqx.is_array(v)}
+    update = jax.jit(ft.partial(tx.update, **closed) if closed else tx.update)
+    arrays = {k: v for k, v in extra.items() if k not in closed}
+    updates, state = update(grads, state, params, **arrays)
+    assert updates.activation is None and updates.w.shape == (4, 3)
 
 
 def _modules(tree):

@@ -120,3 +120,13 @@ from ._sophia import (
     sophia as sophia,
 )
 # End of Muon ... complex.
+
+# isort: split
+# Optax also spells the differentially private optimiser in `contrib`: the same
+# objects as at the top level.
+from .._wrappers.privacy import (
+    DifferentiallyPrivateAggregate as DifferentiallyPrivateAggregate,
+    DifferentiallyPrivateAggregateState as DifferentiallyPrivateAggregateState,
+    differentially_private_aggregate as differentially_private_aggregate,
+    dpsgd as dpsgd,
+)

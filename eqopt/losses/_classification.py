@@ -19,10 +19,12 @@ from ._utils import (
     reduced_shape,
     safe_log,
     safe_logaddexp,
+    same_shapes,
     weighted_log,
 )
 
 
+@same_shapes("logits", "labels")
 def softmax_cross_entropy(
     logits: Float[ArrayLike, "*shape"],
     labels: Float[ArrayLike, "*shape"],
@@ -139,6 +141,7 @@ def softmax_cross_entropy_with_integer_labels(
     return loss
 
 
+@same_shapes("logits", "labels")
 def safe_softmax_cross_entropy(
     logits: Float[ArrayLike, "*batch classes"],
     labels: Float[ArrayLike, "*batch classes"],
@@ -180,6 +183,7 @@ def _sigmoid_cross_entropy(logits, labels):
     )
 
 
+@same_shapes("logits", "labels")
 def sigmoid_binary_cross_entropy(
     logits: Float[ArrayLike, "*shape"],
     labels: Real[ArrayLike, "*shape"],
@@ -216,6 +220,7 @@ def sigmoid_binary_cross_entropy(
     return _sigmoid_cross_entropy(logits, as_float(labels, logits))
 
 
+@same_shapes("logits", "labels")
 def sigmoid_focal_loss(
     logits: Float[ArrayLike, "*shape"],
     labels: Real[ArrayLike, "*shape"],
@@ -273,6 +278,7 @@ def sigmoid_focal_loss(
     return loss
 
 
+@same_shapes("logits", "labels", "where")
 def poly_loss_cross_entropy(
     logits: Float[ArrayLike, "*shape"],
     labels: Float[ArrayLike, "*shape"],
@@ -324,6 +330,7 @@ def poly_loss_cross_entropy(
     return cross_entropy + epsilon * jnp.sum(missed, axis=axes)
 
 
+@same_shapes("labels", "where")
 def smooth_labels(
     labels: Float[ArrayLike, "*shape"],
     alpha: Real[ArrayLike, ""],
@@ -373,6 +380,7 @@ def smooth_labels(
     return jnp.where(where, smoothed, labels)
 
 
+@same_shapes("predictor_outputs", "targets")
 def hinge_loss(
     predictor_outputs: Float[ArrayLike, "*shape"],
     targets: Real[ArrayLike, "*shape"],
@@ -402,6 +410,7 @@ def hinge_loss(
     return jax.nn.relu(1 - as_float(targets, scores) * scores)
 
 
+@same_shapes("predictor_outputs", "targets")
 def perceptron_loss(
     predictor_outputs: Float[ArrayLike, "*shape"],
     targets: Real[ArrayLike, "*shape"],
@@ -436,6 +445,7 @@ def _label_scores(scores, labels):
     return jnp.take_along_axis(scores, labels[..., None], axis=-1)[..., 0]
 
 
+@same_shapes("scores[:-1]", "labels")
 def multiclass_hinge_loss(
     scores: Float[ArrayLike, "*batch classes"],
     labels: Int[ArrayLike, "*batch"],
@@ -466,6 +476,7 @@ def multiclass_hinge_loss(
     return jnp.max(scores + margins, axis=-1) - _label_scores(scores, labels)
 
 
+@same_shapes("scores[:-1]", "labels")
 def multiclass_perceptron_loss(
     scores: Float[ArrayLike, "*batch classes"],
     labels: Int[ArrayLike, "*batch"],

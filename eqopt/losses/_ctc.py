@@ -4,11 +4,16 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, Real
 
+from ._utils import same_shapes
+
 
 def _is_padding(paddings) -> Bool[Array, "..."]:
     return jnp.asarray(paddings) > 0.5
 
 
+@same_shapes("logits[:-1]", "logit_paddings")
+@same_shapes("labels", "label_paddings")
+@same_shapes("logits[:1]", "labels[:1]")
 def ctc_loss_with_forward_probs(
     logits: Float[ArrayLike, "batch time classes"],
     logit_paddings: Real[ArrayLike, "batch time"] | Bool[ArrayLike, "batch time"],
@@ -133,6 +138,9 @@ def ctc_loss_with_forward_probs(
     return loss, logalpha_blank, logalpha_label
 
 
+@same_shapes("logits[:-1]", "logit_paddings")
+@same_shapes("labels", "label_paddings")
+@same_shapes("logits[:1]", "labels[:1]")
 def ctc_loss(
     logits: Float[ArrayLike, "batch time classes"],
     logit_paddings: Real[ArrayLike, "batch time"] | Bool[ArrayLike, "batch time"],

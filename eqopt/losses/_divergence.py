@@ -8,7 +8,7 @@ log-probability is $-\\infty$.
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from ._utils import expand_where, normalize_axes
+from ._utils import expand_where, normalize_axes, same_shapes
 
 
 def _prepare(log_predictions, targets, axis, where, *, log_targets=False):
@@ -32,6 +32,7 @@ def _relative_entropy_terms(log_predictions, targets):
     return jnp.where(vanishes, 0, terms)
 
 
+@same_shapes("log_predictions", "targets", "where")
 def kl_divergence(
     log_predictions: Float[ArrayLike, "*shape"],
     targets: Float[ArrayLike, "*shape"],
@@ -69,6 +70,7 @@ def kl_divergence(
     return jnp.sum(_relative_entropy_terms(log_predictions, targets), axis=axes)
 
 
+@same_shapes("log_predictions", "log_targets", "where")
 def kl_divergence_with_log_targets(
     log_predictions: Float[ArrayLike, "*shape"],
     log_targets: Float[ArrayLike, "*shape"],
@@ -110,6 +112,7 @@ def kl_divergence_with_log_targets(
     return jnp.sum(jnp.where(vanishes, 0, terms), axis=axes)
 
 
+@same_shapes("log_predictions", "targets", "where")
 def generalized_kl_divergence(
     log_predictions: Float[ArrayLike, "*shape"],
     targets: Float[ArrayLike, "*shape"],
@@ -148,6 +151,7 @@ def generalized_kl_divergence(
     return jnp.sum(terms - targets + jnp.exp(log_predictions), axis=axes)
 
 
+@same_shapes("log_predictions", "targets", "where")
 def convex_kl_divergence(
     log_predictions: Float[ArrayLike, "*shape"],
     targets: Float[ArrayLike, "*shape"],

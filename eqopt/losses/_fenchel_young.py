@@ -6,7 +6,9 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, ArrayLike, Float, Int
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, Real
+
+from ._utils import same_shapes
 
 
 class _FenchelYoungLoss(eqx.Module):
@@ -85,9 +87,10 @@ def _sparse_plus(x):
     return jnp.where(x >= 1, x, jnp.square(jnp.clip(x, -1, 1) + 1) / 4)
 
 
+@same_shapes("logits", "labels")
 def sparsemax_loss(
     logits: Float[ArrayLike, "*shape"],
-    labels: Int[ArrayLike, "*shape"],
+    labels: Real[ArrayLike, "*shape"] | Bool[ArrayLike, "*shape"],
 ) -> Float[Array, "*shape"]:
     r"""The binary sparsemax loss, the Fenchel-Young loss of the sparse sigmoid.
 
@@ -106,7 +109,8 @@ def sparsemax_loss(
     **Arguments:**
 
     - `logits`: the scores of the positive class, a floating array.
-    - `labels`: integer labels, 0 or 1, of the same shape.
+    - `labels`: labels 0 or 1, of the same shape: integers, floats or
+        booleans. As in Optax, any label other than 0 counts as 1.
 
     **Returns:**
 
@@ -118,8 +122,8 @@ def sparsemax_loss(
     §4.4.
     """
     logits = jnp.asarray(logits)
-    signs = (1 - 2 * jnp.asarray(labels)).astype(logits.dtype)
-    return _sparse_plus(signs * logits)
+    positive = jnp.asarray(labels) != 0
+    return _sparse_plus(jnp.where(positive, -logits, logits))
 
 
 def _sparsemax_threshold(scores):
@@ -136,6 +140,7 @@ def _sparsemax_threshold(scores):
     return (support_sum - 1) / support_size.astype(scores.dtype)
 
 
+@same_shapes("scores[:-1]", "labels")
 def multiclass_sparsemax_loss(
     scores: Float[ArrayLike, "*batch classes"],
     labels: Int[ArrayLike, "*batch"],
@@ -147,11 +152,18 @@ def multiclass_sparsemax_loss(
     loss for a class $k$ is
 
     $$ \ell(z, k) = -z_k + \tfrac12 \sum_{c \in S(z)} \big(z_c^2 -
-       \tau(z)^2\big) + \tfrac12 $$
+       \tau(z)^2\big) + \tfrac12
+       = \langle p, z \rangle - \tfrac12 \|p\|^2 + \tfrac12 - z_k $$
 
     the Fenchel-Young loss of $\tfrac12\|p\|^2$ on the simplex. It is zero
     exactly when sparsemax puts all its mass on $k$, and its gradient is
     $\operatorname{sparsemax}(z) - e_k$.
+
+    The loss does not change when a constant is added to every score. It is
+    computed, in the second form, on the scores shifted to a maximum of zero,
+    which keeps it exact for scores of any size (the first form subtracts
+    squares of the scores and loses everything to rounding in float32 once the
+    scores reach about $10^4$).
 
     **Arguments:**
 
@@ -169,8 +181,16 @@ def multiclass_sparsemax_loss(
     """
     scores = jnp.asarray(scores)
     labels = jnp.asarray(labels)
+    # The loss is unchanged by adding a constant to every score, so the scores
+    # are shifted to a maximum of 0 (the shift is not differentiated: it has no
+    # effect). Then the threshold lies in [-1, 0) and, written as
+    # <p, z> - |p|^2 / 2, every term is of order one: no cancellation between
+    # squares of large scores, at any scale.
+    scores = scores - jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
     threshold = _sparsemax_threshold(scores)
-    in_support = scores > threshold
-    squares = jnp.where(in_support, jnp.square(scores) - jnp.square(threshold), 0)
+    probabilities = jnp.maximum(scores - threshold, 0)
+    conjugate = jnp.sum(
+        probabilities * (scores - 0.5 * probabilities), axis=-1
+    )  # max over the simplex of <p, z> - |p|^2 / 2
     label_scores = jnp.take_along_axis(scores, labels[..., None], axis=-1)[..., 0]
-    return 0.5 * jnp.sum(squares, axis=-1) + 0.5 - label_scores
+    return conjugate + 0.5 - label_scores

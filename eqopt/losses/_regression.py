@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float, Real
 
-from ._utils import expand_where, normalize_axes
+from ._utils import expand_where, normalize_axes, same_shapes
 
 
 def _difference(
@@ -15,6 +15,7 @@ def _difference(
     return predictions - jnp.asarray(targets)
 
 
+@same_shapes("predictions", "targets")
 def squared_error(
     predictions: Float[ArrayLike, "*shape"],
     targets: Real[ArrayLike, "*shape"] | None = None,
@@ -42,6 +43,7 @@ def squared_error(
     return jnp.square(_difference(predictions, targets))
 
 
+@same_shapes("predictions", "targets")
 def l2_loss(
     predictions: Float[ArrayLike, "*shape"],
     targets: Real[ArrayLike, "*shape"] | None = None,
@@ -69,6 +71,7 @@ def l2_loss(
     return 0.5 * squared_error(predictions, targets)
 
 
+@same_shapes("predictions", "targets")
 def huber_loss(
     predictions: Float[ArrayLike, "*shape"],
     targets: Real[ArrayLike, "*shape"] | None = None,
@@ -112,6 +115,7 @@ def huber_loss(
     return 0.5 * jnp.square(quadratic) + delta * linear
 
 
+@same_shapes("predictions", "targets")
 def log_cosh(
     predictions: Float[ArrayLike, "*shape"],
     targets: Real[ArrayLike, "*shape"] | None = None,
@@ -151,6 +155,7 @@ def _floored_norm(x, axes, epsilon):
     return jnp.where(positive, jnp.sqrt(jnp.where(positive, squared, 1)), 0)
 
 
+@same_shapes("predictions", "targets", "where")
 def cosine_similarity(
     predictions: Float[ArrayLike, "*shape"],
     targets: Float[ArrayLike, "*shape"],
@@ -204,6 +209,7 @@ def cosine_similarity(
     return jnp.where(positive, inner / jnp.where(positive, denominator, 1), 0)
 
 
+@same_shapes("predictions", "targets", "where")
 def cosine_distance(
     predictions: Float[ArrayLike, "*shape"],
     targets: Float[ArrayLike, "*shape"],

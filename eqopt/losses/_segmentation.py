@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
-from ._utils import as_float, normalize_axes
+from ._utils import as_float, normalize_axes, one_of, same_shapes
 
 # Keeps the inverse squared class volume finite for a class absent from the batch.
 _VOLUME_EPSILON = 1e-6
@@ -67,6 +67,8 @@ def _dice(
     return losses
 
 
+@one_of(reduction=("mean", "sum", "none"))
+@same_shapes("predictions", "targets")
 def dice_loss(
     predictions: Float[ArrayLike, "*batch classes"],
     targets: Float[ArrayLike, "*batch classes"],
@@ -143,6 +145,7 @@ def dice_loss(
     )
 
 
+@same_shapes("predictions", "targets")
 def binary_dice_loss(
     predictions: Float[ArrayLike, "*shape"],
     targets: Real[ArrayLike, "*shape"],
@@ -197,6 +200,7 @@ def binary_dice_loss(
     )
 
 
+@same_shapes("predictions", "targets")
 def multiclass_generalized_dice_loss(
     predictions: Float[ArrayLike, "*batch classes"],
     targets: Float[ArrayLike, "*batch classes"],

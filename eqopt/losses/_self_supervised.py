@@ -4,9 +4,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Int, Real
 
-from ._utils import normalize_axes
+from ._utils import normalize_axes, same_shapes
 
 
+@same_shapes("embeddings[:1]", "labels")
 def ntxent(
     embeddings: Float[ArrayLike, "batch features"],
     labels: Int[ArrayLike, " batch"],
@@ -68,6 +69,7 @@ def ntxent(
     return total / jnp.maximum(num_positive, 1).astype(total.dtype)
 
 
+@same_shapes("anchors", "positives", "negatives")
 def triplet_margin_loss(
     anchors: Float[ArrayLike, "*shape"],
     positives: Float[ArrayLike, "*shape"],

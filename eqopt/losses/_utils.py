@@ -1,10 +1,124 @@
-"""Private helpers shared by the losses: axes, masks and safe logarithms."""
+"""Private helpers shared by the losses: shape checks, axes, masks and safe logarithms."""
 
-from collections.abc import Sequence
+import functools
+import inspect
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, no_type_check
 
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float, Shaped
+
+_Function = TypeVar("_Function", bound=Callable[..., Any])
+
+
+class ShapeMismatchError(ValueError, TypeError):
+    """Inputs of a loss that must share a shape do not.
+
+    A `ValueError`, as a bad value is (and as Optax raises where it checks
+    shapes), and a `TypeError`, as JAX's own broadcasting errors are (what Optax
+    raises where it does not check): code written for either catches it, as
+    NumPy's `AxisError` is both a `ValueError` and an `IndexError`.
+    """
+
+
+_SPEC = re.compile(r"^(\w+)(?:\[(-?\d*):(-?\d*)\])?$")
+
+
+def _parse(spec: str) -> tuple[str, slice]:
+    match = _SPEC.match(spec)
+    if match is None:
+        raise ValueError(f"Bad shape specification {spec!r}.")
+    name, start, stop = match.groups()
+    return name, slice(int(start) if start else None, int(stop) if stop else None)
+
+
+def _describe_part(name: str, part: slice) -> str:
+    if part == slice(None, None):
+        return f"`{name}`"
+    if part == slice(None, -1):
+        return f"`{name}` without its last axis"
+    if part == slice(None, 1):
+        return f"the batch size of `{name}`"
+    return f"`{name}` (axes {part.start}:{part.stop})"
+
+
+def same_shapes(*specs: str) -> Callable[[_Function], _Function]:
+    """Decorates a loss: the named arguments must have the same shape.
+
+    Each spec is an argument name, optionally with a slice of its shape:
+    `"scores[:-1]"` (the shape without the last axis), `"logits[:1]"` (the
+    batch size). Arguments that are `None` are skipped. A mismatch raises one
+    [`ShapeMismatchError`][] naming the arguments and their shapes, before the
+    type checker (which would raise a `TypeCheckError`) sees the call.
+    """
+    parts = [_parse(spec) for spec in specs]
+
+    def decorate(function: _Function) -> _Function:
+        signature = inspect.signature(function)
+
+        @functools.wraps(function)
+        @no_type_check
+        def checked(*args, **kwargs):
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError:
+                return function(*args, **kwargs)  # let the call report it
+            reference = None
+            for name, part in parts:
+                value = bound.arguments.get(name)
+                if value is None:
+                    continue
+                shape = tuple(jnp.shape(value))[part]
+                if reference is None:
+                    reference = (name, part, shape)
+                elif shape != reference[2]:
+                    ref_name, ref_part, ref_shape = reference
+                    raise ShapeMismatchError(
+                        f"{function.__name__}: {_describe_part(name, part)} has shape "
+                        f"{shape} but {_describe_part(ref_name, ref_part)} has shape "
+                        f"{ref_shape}; they must be equal (broadcast explicitly if "
+                        "that is meant)."
+                    )
+            return function(*args, **kwargs)
+
+        return checked  # pyright: ignore[reportReturnType]
+
+    return decorate
+
+
+def one_of(**choices: tuple[str, ...]) -> Callable[[_Function], _Function]:
+    """Decorates a function: each named string argument must be one of its choices.
+
+    An invalid choice is a bad value: it raises a `ValueError` naming the
+    argument (as Optax does), before the type checker would raise a
+    `TypeCheckError` for a `Literal` annotation.
+    """
+
+    def decorate(function: _Function) -> _Function:
+        signature = inspect.signature(function)
+
+        @functools.wraps(function)
+        @no_type_check
+        def checked(*args, **kwargs):
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError:
+                return function(*args, **kwargs)
+            for name, allowed in choices.items():
+                value = bound.arguments.get(name)
+                # Other types are left to the type checker: a `TypeError`.
+                if isinstance(value, str) and value not in allowed:
+                    raise ValueError(
+                        f"{function.__name__}: `{name}` must be one of {allowed}, got "
+                        f"{bound.arguments[name]!r}."
+                    )
+            return function(*args, **kwargs)
+
+        return checked  # pyright: ignore[reportReturnType]
+
+    return decorate
 
 
 def normalize_axes(

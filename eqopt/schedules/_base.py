@@ -47,6 +47,17 @@ def _show_number(leaf):
     return leaf
 
 
+def broadcast_to_count(value: Any, count: Any) -> Array:
+    """`value` broadcast to the shape of the step `count` (a schedule's output shape).
+
+    For the parts of a schedule that do not depend on the step (a constant, or a
+    transition of zero length), so that an array of steps gets an array back.
+    """
+    value = jnp.asarray(value)
+    shape = jnp.shape(count)
+    return value if value.shape == shape else jnp.broadcast_to(value, shape)
+
+
 class AbstractSchedule(eqx.Module):
     """Base class for schedules: modules mapping a step count to a scalar.
 
@@ -92,23 +103,26 @@ class AbstractSchedule(eqx.Module):
         return self is other
 
     @abc.abstractmethod
-    def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
-        """Evaluates the schedule at step `count`.
+    def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
+        """Evaluates the schedule at step `count`, or at every step of an array.
 
         **Arguments:**
 
-        - `count`: the step count, a scalar: a Python `int` or `float`, or a 0-d
-            integer or floating-point array (possibly traced, for example the
+        - `count`: the step count: a Python `int` or `float`, or an integer or
+            floating-point array of any shape (possibly traced, for example the
             `count` field of an optimiser state). Counts before the start (even
-            negative ones) and after the end of the schedule are valid.
+            negative ones) and after the end of the schedule are valid. An array
+            of steps evaluates the schedule at each, for example to plot it:
+            `schedule(jnp.arange(num_steps))`.
 
         **Returns:**
 
-        The value of the schedule at `count`, a floating-point scalar array. Its
-        dtype follows JAX's promotion rules between the hyperparameters and the
-        count: with Python-number hyperparameters (weakly typed) and a Python
-        `int` count it is a weakly-typed default float, so it does not promote a
-        `bfloat16` computation that it scales.
+        The value of the schedule at `count`, a floating-point array of the shape
+        of `count` (a scalar for a scalar count). Its dtype follows JAX's
+        promotion rules between the hyperparameters and the count: with
+        Python-number hyperparameters (weakly typed) and a Python `int` count it
+        is a weakly-typed default float, so it does not promote a `bfloat16`
+        computation that it scales.
         """
 
     def __repr__(self) -> str:
@@ -128,9 +142,8 @@ class ConstantSchedule(AbstractSchedule):
 
     value: Float[Array, ""] = eqx.field(converter=as_scalar)
 
-    def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
-        del count
-        return self.value
+    def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
+        return broadcast_to_count(self.value, count)
 
 
 def constant_schedule(value: Real[ArrayLike, ""]) -> ConstantSchedule:
@@ -179,14 +192,15 @@ class FunctionSchedule(AbstractSchedule):
                 f"`schedule_fn` must be callable, got {type(self.schedule_fn).__name__}."
             )
 
-    def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
+    def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         value = self.schedule_fn(count)
         if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
             value = float(value)
         value = jnp.asarray(value)
         if not jnp.issubdtype(value.dtype, jnp.inexact):
             value = value.astype(jnp.result_type(float))
-        return value
+        # A function that ignores the step gives a scalar for an array of steps.
+        return broadcast_to_count(value, count)
 
 
 def as_schedule(value: Any) -> AbstractSchedule:

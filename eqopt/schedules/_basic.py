@@ -5,7 +5,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
 from .._hyper import as_scalar
-from ._base import AbstractSchedule, static_steps
+from ._base import AbstractSchedule, broadcast_to_count, static_steps
 
 
 def _polynomial(
@@ -13,7 +13,7 @@ def _polynomial(
 ):
     # `power=None` is the linear case, kept free of a `pow`.
     if transition_steps <= 0:
-        return init_value
+        return broadcast_to_count(init_value, count)
     steps_done = jnp.clip(count - max(transition_begin, 0), 0, transition_steps)
     # Clipped because, under `jit`, XLA may round `1 - steps / steps` below zero,
     # and a fractional power of it would be NaN.
@@ -58,7 +58,7 @@ class PolynomialSchedule(AbstractSchedule):
     transition_steps: int = static_steps()
     transition_begin: int = static_steps(default=0)
 
-    def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
+    def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         return _polynomial(
             self.init_value,
             self.end_value,
@@ -121,7 +121,7 @@ class LinearSchedule(AbstractSchedule):
     transition_steps: int = static_steps()
     transition_begin: int = static_steps(default=0)
 
-    def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
+    def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         return _linear(
             self.init_value,
             self.end_value,
@@ -181,7 +181,7 @@ class WarmupConstantSchedule(AbstractSchedule):
     peak_value: Float[Array, ""] = eqx.field(converter=as_scalar)
     warmup_steps: int = static_steps()
 
-    def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
+    def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         return _linear(self.init_value, self.peak_value, self.warmup_steps, 0, count)
 
 

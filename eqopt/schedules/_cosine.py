@@ -63,7 +63,7 @@ class CosineDecaySchedule(AbstractSchedule):
     def __check_init__(self):
         _check_positive_steps("decay_steps", self.decay_steps)
 
-    def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
+    def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         return _cosine_decay(
             self.init_value, self.decay_steps, self.alpha, self.exponent, count
         )
@@ -140,7 +140,7 @@ class WarmupCosineDecaySchedule(AbstractSchedule):
                 f"warmup_steps={self.warmup_steps}."
             )
 
-    def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
+    def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         peak = self.peak_value
         is_zero_peak = peak == 0
         alpha = jnp.where(
@@ -154,7 +154,7 @@ class WarmupCosineDecaySchedule(AbstractSchedule):
             self.exponent,
             count - self.warmup_steps,
         )
-        return jnp.where(count < self.warmup_steps, warmup, decay)
+        return jnp.where(jnp.asarray(count) < self.warmup_steps, warmup, decay)
 
 
 def warmup_cosine_decay_schedule(

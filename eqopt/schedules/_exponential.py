@@ -5,7 +5,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
 from .._hyper import as_optional_scalar, as_scalar
-from ._base import AbstractSchedule, static_steps
+from ._base import AbstractSchedule, broadcast_to_count, static_steps
 from ._basic import _linear
 
 
@@ -19,7 +19,7 @@ def _exponential_decay(
     count,
 ):
     if transition_steps <= 0:
-        return init_value
+        return broadcast_to_count(init_value, count)
     steps_done = count - max(transition_begin, 0)
     exponent = steps_done / transition_steps
     if staircase:
@@ -83,7 +83,7 @@ class ExponentialDecaySchedule(AbstractSchedule):
         default=None, converter=as_optional_scalar
     )
 
-    def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
+    def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         return _exponential_decay(
             self.init_value,
             self.transition_steps,
@@ -164,7 +164,7 @@ class WarmupExponentialDecaySchedule(AbstractSchedule):
         default=None, converter=as_optional_scalar
     )
 
-    def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
+    def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         warmup = _linear(self.init_value, self.peak_value, self.warmup_steps, 0, count)
         decay = _exponential_decay(
             self.peak_value,
@@ -175,7 +175,7 @@ class WarmupExponentialDecaySchedule(AbstractSchedule):
             self.end_value,
             count - self.warmup_steps,
         )
-        return jnp.where(count < self.warmup_steps, warmup, decay)
+        return jnp.where(jnp.asarray(count) < self.warmup_steps, warmup, decay)
 
 
 def warmup_exponential_decay_schedule(

@@ -47,10 +47,12 @@ class JoinSchedules(AbstractSchedule):
                 f"{len(self.boundaries)} boundaries for {len(self.schedules)} schedules."
             )
 
-    def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
+    def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         value = self.schedules[0](count)
         for boundary, schedule in zip(self.boundaries, self.schedules[1:], strict=True):
-            value = jnp.where(count < boundary, value, schedule(count - boundary))
+            value = jnp.where(
+                jnp.asarray(count) < boundary, value, schedule(count - boundary)
+            )
         return value
 
 

@@ -10,6 +10,7 @@ from .._hyper import as_scalar, check_hyperparameter
 from ._base import (
     AbstractSchedule,
     _as_static_ints,
+    broadcast_to_count,
     static_steps,
 )
 
@@ -71,13 +72,13 @@ class PiecewiseConstantSchedule(AbstractSchedule):
     def __check_init__(self):
         _check_boundaries_and_scales(self)
 
-    def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
+    def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         value = self.init_value
         for boundary, scale in zip(self.boundaries, self.scales, strict=True):
             # 1 strictly before the boundary, 0 from it on.
             before = jnp.maximum(jnp.sign(boundary - count), 0.0)
             value = value * (before + (1 - before) * scale)
-        return value
+        return broadcast_to_count(value, count)
 
 
 def piecewise_constant_schedule(
@@ -117,16 +118,27 @@ def _piecewise_interpolate(interpolate_type, init_value, boundaries, scales, cou
     interpolate = {"linear": _interpolate_linear, "cosine": _interpolate_cosine}[
         interpolate_type
     ]
-    starts_and_ends = jnp.array((0,) + tuple(boundaries))
-    values = jnp.cumprod(jnp.stack((init_value,) + tuple(scales)))
-    starts = starts_and_ends[:-1]
-    ends = starts_and_ends[1:]
-    lengths = jnp.maximum(ends - starts, 1)
-    inside = jnp.logical_and(starts <= count, count < ends)
-    fraction = (count - starts) / lengths
-    pieces = interpolate(values[:-1], values[1:], fraction)
+    # The value at each boundary: the scales accumulate.
+    values = [init_value]
+    for scale in scales:
+        values.append(values[-1] * scale)
+    points = (0, *boundaries)
     # Zero before step 0 (as in Optax), the last value from the last boundary on.
-    return jnp.dot(inside, pieces) + (starts_and_ends[-1] <= count) * values[-1]
+    # The boundaries are static, so each piece is selected with `where`, and an
+    # array of counts gets an array of values.
+    # Steps are int32 arrays and the zero a float array, not Python numbers: the
+    # result is strongly typed, as in Optax.
+    zero = jnp.zeros((), jnp.result_type(float))
+    result = jnp.where(points[-1] <= count, values[-1], zero)
+    for start, end, start_value, end_value in zip(
+        points[:-1], points[1:], values[:-1], values[1:], strict=True
+    ):
+        start_step = jnp.asarray(start, jnp.int32)
+        length = jnp.asarray(max(end - start, 1), jnp.int32)
+        fraction = (count - start_step) / length
+        piece = interpolate(start_value, end_value, fraction)
+        result = jnp.where((start <= count) & (count < end), piece, result)
+    return broadcast_to_count(result, count)
 
 
 class PiecewiseInterpolateSchedule(AbstractSchedule):
@@ -173,7 +185,7 @@ class PiecewiseInterpolateSchedule(AbstractSchedule):
             )
         _check_boundaries_and_scales(self)
 
-    def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
+    def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         return _piecewise_interpolate(
             self.interpolate_type, self.init_value, self.boundaries, self.scales, count
         )
@@ -266,7 +278,7 @@ class CosineOnecycleSchedule(AbstractSchedule):
     def __check_init__(self):
         _check_onecycle(self, "div_factor", "final_div_factor")
 
-    def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
+    def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         # A dictionary, so that coinciding boundaries collapse as in Optax.
         boundaries_and_scales = {
             int(self.pct_start * self.transition_steps): self.div_factor,
@@ -346,7 +358,7 @@ class LinearOnecycleSchedule(AbstractSchedule):
     def __check_init__(self):
         _check_onecycle(self, "div_factor", "final_div_factor")
 
-    def __call__(self, count: Real[ArrayLike, ""]) -> Float[Array, ""]:
+    def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         boundaries_and_scales = {
             int(self.pct_start * self.transition_steps): self.div_factor,
             int(self.pct_final * self.transition_steps): 1.0 / self.div_factor,
