@@ -1,15 +1,17 @@
 """Combinators: `chain`, `named_chain` and parameter groups (`partition`)."""
 
 import re
-from collections.abc import Hashable, Mapping
-from typing import Any
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, TypeAlias
 
 import equinox as eqx
 import jax
 import numpy as np
+from jaxtyping import PyTree
 
 from ._base import (
     AbstractGradientTransformation,
+    OptState,
     Params,
     Updates,
     as_transform,
@@ -85,7 +87,7 @@ class ChainState(_NamedTuple):
     or as an attribute (`state.scale_by_adam.mu`).
     """
 
-    states: tuple[Any, ...]
+    states: tuple[OptState, ...]
     names: tuple[str, ...] = eqx.field(static=True)
 
     def _parts(self) -> tuple:
@@ -181,11 +183,15 @@ def named_chain(*args: tuple[str, Any]) -> Chain:
 # Parameter groups
 # ---------------------------------------------------------------------------
 
+#: The groups of a `Partition`: a dict from label to filter spec, or a prefix
+#: pytree of labels and per-leaf callables returning a label.
+ParamLabels: TypeAlias = PyTree[Hashable | Callable[[Any], Hashable]]
+
 
 class PartitionState(eqx.Module):
     """The state of a `Partition`: one inner state per group, keyed by label."""
 
-    inner_states: dict[Hashable, Any]
+    inner_states: dict[Hashable, OptState]
 
 
 def _looks_like_filter_specs(param_labels: Any, labels: set) -> bool:
@@ -296,9 +302,9 @@ class Partition(AbstractGradientTransformation):
     transforms: dict[Hashable, AbstractGradientTransformation]
     # Labels, bools and predicates are not arrays, so `eqx.filter_jit` treats them
     # as static; a prefix pytree of them is kept as an ordinary field.
-    param_labels: Any
+    param_labels: ParamLabels
 
-    def __init__(self, transforms: Mapping[Hashable, Any], param_labels: Any):
+    def __init__(self, transforms: Mapping[Hashable, Any], param_labels: ParamLabels):
         self.transforms = {label: as_transform(t) for label, t in transforms.items()}
         self.param_labels = param_labels
 
@@ -348,7 +354,7 @@ class Partition(AbstractGradientTransformation):
 
 def partition(
     transforms: Mapping[Hashable, Any],
-    param_labels: Any,
+    param_labels: ParamLabels,
     *,
     mask_compatible_extra_args: bool = False,
 ) -> Partition:
@@ -357,14 +363,14 @@ def partition(
     `mask_compatible_extra_args` is accepted for Optax compatibility: eqopt
     forwards every extra argument to every group unchanged.
     """
-    return Partition(transforms, param_labels)
+    return Partition(transforms=transforms, param_labels=param_labels)
 
 
 def multi_transform(
     transforms: Mapping[Hashable, Any],
-    param_labels: Any,
+    param_labels: ParamLabels,
     *,
     mask_compatible_extra_args: bool = False,
 ) -> Partition:
     """Optax's older name for [`eqopt.partition`][]."""
-    return Partition(transforms, param_labels)
+    return Partition(transforms=transforms, param_labels=param_labels)
