@@ -155,7 +155,7 @@ class Chain(_NamedTuple, AbstractGradientTransformation):
         if params is not None:
             check_updates(updates, params)
         new_states = []
-        for transform, part_state in zip(self.transforms, state.states):
+        for transform, part_state in zip(self.transforms, state.states, strict=True):
             updates, part_state = transform.update(
                 updates, part_state, params, **extra_args
             )
@@ -250,7 +250,7 @@ def _resolve_labels(param_labels: Any, params: Params, labels: list) -> Any:
             f"`param_labels` is not a prefix of the params' structure: {error}"
         ) from None
     resolved = []
-    for (prefix, spec), subtree in zip(spec_flat, subtrees):
+    for (prefix, spec), subtree in zip(spec_flat, subtrees, strict=True):
         flat = jax.tree_util.tree_flatten_with_path(subtree, is_leaf=is_none)[0]
         sub_out = []
         for path, leaf in flat:
@@ -272,6 +272,11 @@ def _resolve_labels(param_labels: Any, params: Params, labels: list) -> Any:
 
 def _is_pytree(x: Any) -> bool:
     return not jax.tree_util.treedef_is_leaf(jax.tree.structure(x))
+
+
+def _group_mask(labels: Any, label: Hashable) -> Any:
+    """A tree of bools: which leaves have the given label."""
+    return jax.tree.map(lambda x: x == label, labels, is_leaf=is_none)
 
 
 class Partition(AbstractGradientTransformation):
@@ -320,7 +325,7 @@ class Partition(AbstractGradientTransformation):
         labels = self._labels(params)
         inner_states = {}
         for label, transform in self.transforms.items():
-            mask = jax.tree.map(lambda x: x == label, labels, is_leaf=is_none)
+            mask = _group_mask(labels, label)
             inner_states[label] = transform.init(keep_selected(params, mask))
         return PartitionState(inner_states)
 
@@ -336,7 +341,7 @@ class Partition(AbstractGradientTransformation):
         new_updates = updates
         inner_states = {}
         for label, transform in self.transforms.items():
-            mask = jax.tree.map(lambda x: x == label, labels, is_leaf=is_none)
+            mask = _group_mask(labels, label)
             group_updates = keep_selected(updates, mask)
             group_params = None if params is None else keep_selected(params, mask)
             group_updates, inner_states[label] = transform.update(

@@ -99,7 +99,7 @@ def resolve_filter(
         ) from None
     resolved = [
         resolve_subtree(spec, subtree, path)
-        for (path, spec), subtree in zip(spec_flat, subtrees)
+        for (path, spec), subtree in zip(spec_flat, subtrees, strict=True)
     ]
     return jax.tree.unflatten(spec_def, resolved)
 

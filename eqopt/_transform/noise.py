@@ -93,8 +93,8 @@ class AddNoise(AbstractGradientTransformation):
         return False
 
     def __init__(self, eta: ScalarLike, gamma: ScalarLike, key: KeyLike = 0):
-        self.eta = eta
-        self.gamma = gamma
+        self.eta = as_scalar(eta)
+        self.gamma = as_scalar(gamma)
         self.key, self.key_impl = _key_data_and_impl(key)
 
     def __check_init__(self):
