@@ -21,8 +21,10 @@ from ._base import (
     path_str,
 )
 from ._filters import (
-    _is_spec_leaf,
+    is_pytree_node,
+    is_spec_leaf,
     keep_selected,
+    map_prefix,
     resolve_filter,
 )
 
@@ -197,7 +199,7 @@ class PartitionState(eqx.Module):
 def _looks_like_filter_specs(param_labels: Any, labels: set) -> bool:
     if not isinstance(param_labels, Mapping) or set(param_labels.keys()) != labels:
         return False
-    leaves = jax.tree.leaves(param_labels, is_leaf=_is_spec_leaf)
+    leaves = jax.tree.leaves(param_labels, is_leaf=is_spec_leaf)
     return all(
         leaf is None or isinstance(leaf, (bool, np.bool_)) or callable(leaf)
         for leaf in leaves
@@ -232,25 +234,11 @@ def _resolve_labels(param_labels: Any, params: Params, labels: list) -> Any:
 
     # A label tree: a prefix pytree of labels, or per-leaf callables returning labels.
     def is_label_leaf(x):
-        return (
-            x is None
-            or isinstance(x, Hashable)
-            and not _is_pytree(x)
-            or callable(x)
-            and not _is_pytree(x)
+        return x is None or (
+            (isinstance(x, Hashable) or callable(x)) and not is_pytree_node(x)
         )
 
-    spec_flat, spec_def = jax.tree_util.tree_flatten_with_path(
-        param_labels, is_leaf=is_label_leaf
-    )
-    try:
-        subtrees = spec_def.flatten_up_to(params)
-    except (ValueError, TypeError) as error:
-        raise ValueError(
-            f"`param_labels` is not a prefix of the params' structure: {error}"
-        ) from None
-    resolved = []
-    for (prefix, spec), subtree in zip(spec_flat, subtrees, strict=True):
+    def resolve_subtree(spec, subtree, prefix):
         flat = jax.tree_util.tree_flatten_with_path(subtree, is_leaf=is_none)[0]
         sub_out = []
         for path, leaf in flat:
@@ -260,18 +248,20 @@ def _resolve_labels(param_labels: Any, params: Params, labels: list) -> Any:
             label = spec(leaf) if callable(spec) and not isinstance(spec, str) else spec
             if label not in labels:
                 raise ValueError(
-                    f"The parameter at {path_str(prefix + path)} has label {label!r}, which "
-                    f"is in no group; the groups are {labels}."
+                    f"The parameter at {path_str(prefix + path)} has label "
+                    f"{label!r}, which is in no group; the groups are {labels}."
                 )
             sub_out.append(label)
-        resolved.append(
-            jax.tree.unflatten(jax.tree.structure(subtree, is_leaf=is_none), sub_out)
-        )
-    return jax.tree.unflatten(spec_def, resolved)
+        treedef = jax.tree.structure(subtree, is_leaf=is_none)
+        return jax.tree.unflatten(treedef, sub_out)
 
-
-def _is_pytree(x: Any) -> bool:
-    return not jax.tree_util.treedef_is_leaf(jax.tree.structure(x))
+    return map_prefix(
+        resolve_subtree,
+        param_labels,
+        params,
+        is_leaf=is_label_leaf,
+        what="`param_labels`",
+    )
 
 
 def _group_mask(labels: Any, label: Hashable) -> Any:
