@@ -1,5 +1,6 @@
 """Combinators: `chain`, `named_chain` and parameter groups (`partition`)."""
 
+import abc
 import re
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, TypeAlias
@@ -46,13 +47,14 @@ def _default_names(transforms) -> tuple[str, ...]:
     return tuple(names)
 
 
-class _NamedTuple(eqx.Module):
-    """Shared behaviour: a tuple of parts readable by position, by name and by attribute."""
+class _AbstractNamedTuple(eqx.Module):
+    """A tuple of named parts, readable by position, by name and by attribute."""
 
     names: eqx.AbstractVar[tuple[str, ...]]
 
+    @abc.abstractmethod
     def _parts(self) -> tuple:
-        raise NotImplementedError
+        """The parts, in order, one per name."""
 
     def __getitem__(self, key: int | str | slice):
         if isinstance(key, str):
@@ -82,7 +84,7 @@ class _NamedTuple(eqx.Module):
         return iter(self._parts())
 
 
-class ChainState(_NamedTuple):
+class ChainState(_AbstractNamedTuple):
     """The state of a `Chain`: the parts' states in order.
 
     Read a part's state by position (`state[0]`), by name (`state["scale_by_adam"]`)
@@ -96,7 +98,7 @@ class ChainState(_NamedTuple):
         return self.states
 
 
-class Chain(_NamedTuple, AbstractGradientTransformation):
+class Chain(_AbstractNamedTuple, AbstractGradientTransformation):
     r"""Applies transforms one after the other.
 
     $$ u \mapsto T_n(\dots T_2(T_1(u))) $$
