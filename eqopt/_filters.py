@@ -4,6 +4,7 @@ from collections.abc import Callable
 from typing import Any, TypeAlias, no_type_check
 
 import jax
+import jax.core
 import numpy as np
 from jaxtyping import PyTree
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, ArrayLike, Float, Inexact, Int, PRNGKeyArray, PyTree, Real
@@ -84,8 +85,10 @@ def power_iteration(
                 f"shape {matrix.shape}, got {jax.tree.map(jnp.shape, v0)}."
             )
 
-        def matvec(v):
+        def matrix_product(v):
             return jnp.matmul(matrix, v, precision=precision)
+
+        matvec = matrix_product
 
     if not _leaves(v0):
         raise ValueError("`v0` has no array leaves.")
@@ -128,6 +131,8 @@ def _matrix_power(matrix: Array, p: Any, precision: lax.Precision) -> Array:
             p >>= 1
             if p:
                 square = mm(square, square)
+        if result is None:
+            raise ValueError("`p` must be a positive integer.")
         return result
 
     # `p` is an array: the same squaring, in a loop over its bits.

@@ -3,7 +3,7 @@
 import abc
 import operator
 from collections.abc import Callable
-from typing import Any
+from typing import Any, SupportsIndex, cast
 
 import equinox as eqx
 import jax
@@ -17,8 +17,9 @@ from .._numerics import safe_int32_increment
 
 
 def _as_static_int(value: int | Int[ArrayLike, ""]) -> int:
-    # Step counts are static: a concrete 0-d array becomes the Python int it holds.
-    return operator.index(value)
+    # Step counts are static: a concrete 0-d array becomes the Python int it holds
+    # (an integer array supports `__index__`; anything else raises a TypeError).
+    return operator.index(cast(SupportsIndex, value))
 
 
 def _as_static_ints(values) -> tuple[int, ...]:
