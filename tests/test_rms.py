@@ -1,4 +1,5 @@
-"""RMSProp's scalings (`eqopt/_transform/rms.py`): scale_by_rms, scale_by_stddev, scale_by_rss."""
+"""RMSProp's scalings (`eqopt/_transform/rms.py`): scale_by_rms, scale_by_stddev and
+scale_by_rss (Adagrad)."""
 
 import jax
 import jax.numpy as jnp
@@ -6,9 +7,130 @@ import jaxtyping
 import numpy as np
 import optax
 import pytest
-from helpers import as_dict, make_model, random_grads
+from helpers import (
+    ALL_DTYPES,
+    REAL_DTYPES,
+    Case,
+    as_dict,
+    assert_state_stays_bfloat16,
+    complex_normal,
+    make_model,
+    random_grads,
+)
 
 import eqopt
+
+TRANSFORM_CASES = [
+    Case(
+        "scale_by_rms",
+        eqopt.scale_by_rms,
+        optax.scale_by_rms,
+        ALL_DTYPES,
+        needs_params=False,
+    ),
+    Case(
+        "scale_by_rms-eps_outside-bias_correction",
+        lambda: eqopt.scale_by_rms(decay=0.8, eps_in_sqrt=False, bias_correction=True),
+        lambda: optax.scale_by_rms(decay=0.8, eps_in_sqrt=False, bias_correction=True),
+        ALL_DTYPES,
+        needs_params=False,
+    ),
+    Case(
+        "scale_by_rms-initial_scale",
+        lambda: eqopt.scale_by_rms(decay=0.5, eps=1e-3, initial_scale=1.0),
+        lambda: optax.scale_by_rms(decay=0.5, eps=1e-3, initial_scale=1.0),
+        REAL_DTYPES,
+        needs_params=False,
+    ),
+    Case(
+        "scale_by_stddev",
+        eqopt.scale_by_stddev,
+        optax.scale_by_stddev,
+        ALL_DTYPES,
+        needs_params=False,
+    ),
+    Case(
+        # At the first step the debiased variance is 0 up to rounding: eps keeps
+        # the comparison away from 1/sqrt(rounding noise).
+        "scale_by_stddev-bias_correction",
+        lambda: eqopt.scale_by_stddev(
+            decay=0.75, eps=1e-2, initial_scale=0.5, bias_correction=True
+        ),
+        lambda: optax.scale_by_stddev(
+            decay=0.75, eps=1e-2, initial_scale=0.5, bias_correction=True
+        ),
+        ALL_DTYPES,
+        needs_params=False,
+    ),
+    Case(
+        "scale_by_rss",
+        eqopt.scale_by_rss,
+        optax.scale_by_rss,
+        ALL_DTYPES,
+        needs_params=False,
+    ),
+    Case(
+        "scale_by_rss-zero_init",
+        lambda: eqopt.scale_by_rss(initial_accumulator_value=0.0, eps=1e-4),
+        lambda: optax.scale_by_rss(initial_accumulator_value=0.0, eps=1e-4),
+        REAL_DTYPES,
+        needs_params=False,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "make,moment",
+    [
+        (eqopt.scale_by_rms, lambda s: s.nu),
+        (eqopt.scale_by_stddev, lambda s: s.nu),
+        (eqopt.scale_by_rss, lambda s: s.sum_of_squares),
+    ],
+    ids=["rms", "stddev", "rss"],
+)
+def test_squared_moments_of_complex_params_are_real(make, moment):
+    """Difference from Optax (which stores them complex): half the memory, same updates."""
+    params = {"z": complex_normal((3, 2))}
+    tx = make()
+    state = tx.init(params)
+    _, state = tx.update({"z": complex_normal((3, 2), 1)}, state)
+    assert moment(state)["z"].dtype == jnp.float32
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: eqopt.scale_by_rms(bias_correction=True),
+        eqopt.scale_by_stddev,
+        eqopt.scale_by_rss,
+        lambda: eqopt.rmsprop(0.1, momentum=0.9),
+    ],
+    ids=["rms", "stddev", "rss", "rmsprop"],
+)
+def test_bfloat16_state_stays_bfloat16(make):
+    assert_state_stays_bfloat16(make())
+
+
+def test_rms_with_bias_correction_is_adam_without_first_moment():
+    params = {"w": jnp.linspace(-1.0, 1.0, 6)}
+    rms = eqopt.scale_by_rms(
+        decay=0.75, eps=1e-3, eps_in_sqrt=False, bias_correction=True
+    )
+    adam = eqopt.scale_by_adam(b1=0.0, b2=0.75, eps=1e-3)
+    rms_state, adam_state = rms.init(params), adam.init(params)
+    for step in range(3):
+        grads = {"w": jnp.cos(params["w"] * (step + 1))}
+        rms_updates, rms_state = rms.update(grads, rms_state)
+        adam_updates, adam_state = adam.update(grads, adam_state)
+        np.testing.assert_allclose(rms_updates["w"], adam_updates["w"], rtol=1e-6)
+
+
+def test_adagrad_zero_accumulator_gives_zero_update():
+    tx = eqopt.scale_by_rss(initial_accumulator_value=0.0)
+    params = {"w": jnp.zeros(3)}
+    updates, _ = tx.update({"w": jnp.array([0.0, 1.0, -2.0])}, tx.init(params))
+    np.testing.assert_allclose(updates["w"], [0.0, 1.0, -1.0], rtol=1e-6)
+    assert np.all(np.isfinite(updates["w"]))
 
 
 def test_centred_rmsprop_first_step_with_bias_correction():
