@@ -226,13 +226,10 @@ with _jaxtyping.install_import_hook("eqopt", "eqopt._typecheck.typechecker"):
         snapshot as snapshot,
     )
     from ._wrappers.inject import (
-        AbstractStatefulSchedule as AbstractStatefulSchedule,
         InjectHyperparams as InjectHyperparams,
         InjectHyperparamsState as InjectHyperparamsState,
         InjectStatefulHyperparams as InjectStatefulHyperparams,
         InjectStatefulHyperparamsState as InjectStatefulHyperparamsState,
-        ScheduleCountState as ScheduleCountState,
-        WrappedSchedule as WrappedSchedule,
         inject_hyperparams as inject_hyperparams,
         inject_stateful_hyperparams as inject_stateful_hyperparams,
     )
@@ -296,6 +293,11 @@ with _jaxtyping.install_import_hook("eqopt", "eqopt._typecheck.typechecker"):
         warmup_constant_schedule as warmup_constant_schedule,
         warmup_cosine_decay_schedule as warmup_cosine_decay_schedule,
         warmup_exponential_decay_schedule as warmup_exponential_decay_schedule,
+    )
+    from .schedules._stateful import (
+        AbstractStatefulSchedule as AbstractStatefulSchedule,
+        ScheduleCountState as ScheduleCountState,
+        WrappedSchedule as WrappedSchedule,
     )
     from .tree import map_params as tree_map_params  # noqa: F401 (Optax's name)
 

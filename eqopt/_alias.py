@@ -10,33 +10,37 @@ array: `tree_at` does not convert a Python float, which `filter_jit` would
 treat as static).
 """
 
-from typing import Any
+from jax.typing import DTypeLike
 
 from ._combine import Chain
 from ._filters import FilterSpec
-from ._hyper import ScalarOrSchedule
+from ._hyper import ScalarLike, ScalarOrSchedule
 from ._transform.adam import ScaleByAdam, ScaleByAdamax, ScaleByAmsgrad
 from ._transform.basic import Identity, ScaleByLearningRate
 from ._transform.decay import AddDecayedWeights
 from ._transform.momentum import Ema, Trace
-from ._transform.noise import AddNoise
+from ._transform.noise import AddNoise, KeyLike, key_or_seed
 from ._transform.rms import ScaleByRms, ScaleByRss, ScaleByStddev
 from ._transform.sign import ScaleByLion, ScaleBySign
 
 
-def _momentum(momentum: Any, nesterov: bool, accumulator_dtype: Any = None):
+def _momentum(
+    momentum: ScalarLike | None,
+    nesterov: bool,
+    accumulator_dtype: DTypeLike | None = None,
+) -> Identity | Trace:
     # Optax keeps an identity in the chain when there is no momentum, so a
     # state's parts have the same positions in both libraries.
     if momentum is None:
         return Identity()
-    return Trace(momentum, nesterov, accumulator_dtype)
+    return Trace(decay=momentum, nesterov=nesterov, accumulator_dtype=accumulator_dtype)
 
 
 def sgd(
     learning_rate: ScalarOrSchedule,
-    momentum: Any = None,
+    momentum: ScalarLike | None = None,
     nesterov: bool = False,
-    accumulator_dtype: Any = None,
+    accumulator_dtype: DTypeLike | None = None,
 ) -> Chain:
     r"""Stochastic gradient descent, optionally with (Nesterov) momentum.
 
@@ -62,18 +66,18 @@ def sgd(
     momentum in deep learning*, ICML 2013.
     """
     return Chain(
-        _momentum(momentum, nesterov, accumulator_dtype),
-        ScaleByLearningRate(learning_rate),
+        _momentum(momentum, nesterov, accumulator_dtype=accumulator_dtype),
+        ScaleByLearningRate(learning_rate=learning_rate),
     )
 
 
 def adam(
     learning_rate: ScalarOrSchedule,
-    b1: Any = 0.9,
-    b2: Any = 0.999,
-    eps: Any = 1e-8,
-    eps_root: Any = 0.0,
-    mu_dtype: Any = None,
+    b1: ScalarLike = 0.9,
+    b2: ScalarLike = 0.999,
+    eps: ScalarLike = 1e-8,
+    eps_root: ScalarLike = 0.0,
+    mu_dtype: DTypeLike | None = None,
     *,
     nesterov: bool = False,
 ) -> Chain:
@@ -112,17 +116,17 @@ def adam(
             mu_dtype=mu_dtype,
             nesterov=nesterov,
         ),
-        ScaleByLearningRate(learning_rate),
+        ScaleByLearningRate(learning_rate=learning_rate),
     )
 
 
 def nadam(
     learning_rate: ScalarOrSchedule,
-    b1: Any = 0.9,
-    b2: Any = 0.999,
-    eps: Any = 1e-8,
-    eps_root: Any = 0.0,
-    mu_dtype: Any = None,
+    b1: ScalarLike = 0.9,
+    b2: ScalarLike = 0.999,
+    eps: ScalarLike = 1e-8,
+    eps_root: ScalarLike = 0.0,
+    mu_dtype: DTypeLike | None = None,
     *,
     nesterov: bool = True,
 ) -> Chain:
@@ -143,16 +147,24 @@ def nadam(
     **References:** Dozat, *Incorporating Nesterov Momentum into Adam*, ICLR
     2016 workshop.
     """
-    return adam(learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov=nesterov)
+    return adam(
+        learning_rate=learning_rate,
+        b1=b1,
+        b2=b2,
+        eps=eps,
+        eps_root=eps_root,
+        mu_dtype=mu_dtype,
+        nesterov=nesterov,
+    )
 
 
 def adamw(
     learning_rate: ScalarOrSchedule,
-    b1: Any = 0.9,
-    b2: Any = 0.999,
-    eps: Any = 1e-8,
-    eps_root: Any = 0.0,
-    mu_dtype: Any = None,
+    b1: ScalarLike = 0.9,
+    b2: ScalarLike = 0.999,
+    eps: ScalarLike = 1e-8,
+    eps_root: ScalarLike = 0.0,
+    mu_dtype: DTypeLike | None = None,
     weight_decay: ScalarOrSchedule = 1e-4,
     mask: FilterSpec | None = None,
     *,
@@ -198,18 +210,18 @@ def adamw(
             mu_dtype=mu_dtype,
             nesterov=nesterov,
         ),
-        AddDecayedWeights(weight_decay, mask),
-        ScaleByLearningRate(learning_rate),
+        AddDecayedWeights(weight_decay=weight_decay, mask=mask),
+        ScaleByLearningRate(learning_rate=learning_rate),
     )
 
 
 def nadamw(
     learning_rate: ScalarOrSchedule,
-    b1: Any = 0.9,
-    b2: Any = 0.999,
-    eps: Any = 1e-8,
-    eps_root: Any = 0.0,
-    mu_dtype: Any = None,
+    b1: ScalarLike = 0.9,
+    b2: ScalarLike = 0.999,
+    eps: ScalarLike = 1e-8,
+    eps_root: ScalarLike = 0.0,
+    mu_dtype: DTypeLike | None = None,
     weight_decay: ScalarOrSchedule = 1e-4,
     mask: FilterSpec | None = None,
     *,
@@ -235,25 +247,25 @@ def nadamw(
     Regularization*, ICLR 2019.
     """
     return adamw(
-        learning_rate,
-        b1,
-        b2,
-        eps,
-        eps_root,
-        mu_dtype,
-        weight_decay,
-        mask,
+        learning_rate=learning_rate,
+        b1=b1,
+        b2=b2,
+        eps=eps,
+        eps_root=eps_root,
+        mu_dtype=mu_dtype,
+        weight_decay=weight_decay,
+        mask=mask,
         nesterov=nesterov,
     )
 
 
 def amsgrad(
     learning_rate: ScalarOrSchedule,
-    b1: Any = 0.9,
-    b2: Any = 0.999,
-    eps: Any = 1e-8,
-    eps_root: Any = 0.0,
-    mu_dtype: Any = None,
+    b1: ScalarLike = 0.9,
+    b2: ScalarLike = 0.999,
+    eps: ScalarLike = 1e-8,
+    eps_root: ScalarLike = 0.0,
+    mu_dtype: DTypeLike | None = None,
     bias_correction_mu: bool = True,
     bias_correction_nu: bool = True,
 ) -> Chain:
@@ -288,15 +300,15 @@ def amsgrad(
             bias_correction_mu=bias_correction_mu,
             bias_correction_nu=bias_correction_nu,
         ),
-        ScaleByLearningRate(learning_rate),
+        ScaleByLearningRate(learning_rate=learning_rate),
     )
 
 
 def adamax(
     learning_rate: ScalarOrSchedule,
-    b1: Any = 0.9,
-    b2: Any = 0.999,
-    eps: Any = 1e-8,
+    b1: ScalarLike = 0.9,
+    b2: ScalarLike = 0.999,
+    eps: ScalarLike = 1e-8,
 ) -> Chain:
     r"""AdaMax: Adam with the infinity norm in place of the second moment.
 
@@ -320,15 +332,16 @@ def adamax(
     ICLR 2015, §7.1.
     """
     return Chain(
-        ScaleByAdamax(b1=b1, b2=b2, eps=eps), ScaleByLearningRate(learning_rate)
+        ScaleByAdamax(b1=b1, b2=b2, eps=eps),
+        ScaleByLearningRate(learning_rate=learning_rate),
     )
 
 
 def adamaxw(
     learning_rate: ScalarOrSchedule,
-    b1: Any = 0.9,
-    b2: Any = 0.999,
-    eps: Any = 1e-8,
+    b1: ScalarLike = 0.9,
+    b2: ScalarLike = 0.999,
+    eps: ScalarLike = 1e-8,
     weight_decay: ScalarOrSchedule = 1e-4,
     mask: FilterSpec | None = None,
 ) -> Chain:
@@ -352,19 +365,19 @@ def adamaxw(
     """
     return Chain(
         ScaleByAdamax(b1=b1, b2=b2, eps=eps),
-        AddDecayedWeights(weight_decay, mask),
-        ScaleByLearningRate(learning_rate),
+        AddDecayedWeights(weight_decay=weight_decay, mask=mask),
+        ScaleByLearningRate(learning_rate=learning_rate),
     )
 
 
 def rmsprop(
     learning_rate: ScalarOrSchedule,
-    decay: Any = 0.9,
-    eps: Any = 1e-8,
-    initial_scale: Any = 0.0,
+    decay: ScalarLike = 0.9,
+    eps: ScalarLike = 1e-8,
+    initial_scale: ScalarLike = 0.0,
     eps_in_sqrt: bool = True,
     centered: bool = False,
-    momentum: Any = None,
+    momentum: ScalarLike | None = None,
     nesterov: bool = False,
     bias_correction: bool = False,
 ) -> Chain:
@@ -410,15 +423,15 @@ def rmsprop(
             eps_in_sqrt=eps_in_sqrt,
             bias_correction=bias_correction,
         ),
-        ScaleByLearningRate(learning_rate),
+        ScaleByLearningRate(learning_rate=learning_rate),
         _momentum(momentum, nesterov),
     )
 
 
 def adagrad(
     learning_rate: ScalarOrSchedule,
-    initial_accumulator_value: Any = 0.1,
-    eps: Any = 1e-7,
+    initial_accumulator_value: ScalarLike = 0.1,
+    eps: ScalarLike = 1e-7,
 ) -> Chain:
     r"""Adagrad: divides the step by the root of the sum of all squared gradients so far.
 
@@ -442,15 +455,16 @@ def adagrad(
     Online Learning and Stochastic Optimization*, JMLR 12, 2011.
     """
     return Chain(
-        ScaleByRss(initial_accumulator_value, eps), ScaleByLearningRate(learning_rate)
+        ScaleByRss(initial_accumulator_value=initial_accumulator_value, eps=eps),
+        ScaleByLearningRate(learning_rate=learning_rate),
     )
 
 
 def lion(
     learning_rate: ScalarOrSchedule,
-    b1: Any = 0.9,
-    b2: Any = 0.99,
-    mu_dtype: Any = None,
+    b1: ScalarLike = 0.9,
+    b2: ScalarLike = 0.99,
+    mu_dtype: DTypeLike | None = None,
     weight_decay: ScalarOrSchedule = 1e-3,
     mask: FilterSpec | None = None,
 ) -> Chain:
@@ -485,8 +499,8 @@ def lion(
     """
     return Chain(
         ScaleByLion(b1=b1, b2=b2, mu_dtype=mu_dtype),
-        AddDecayedWeights(weight_decay, mask),
-        ScaleByLearningRate(learning_rate),
+        AddDecayedWeights(weight_decay=weight_decay, mask=mask),
+        ScaleByLearningRate(learning_rate=learning_rate),
     )
 
 
@@ -506,13 +520,13 @@ def sign_sgd(learning_rate: ScalarOrSchedule) -> Chain:
     **References:** Bernstein, Wang, Azizzadenesheli & Anandkumar, *signSGD:
     Compressed Optimisation for Non-Convex Problems*, ICML 2018.
     """
-    return Chain(ScaleBySign(), ScaleByLearningRate(learning_rate))
+    return Chain(ScaleBySign(), ScaleByLearningRate(learning_rate=learning_rate))
 
 
 def signum(
     learning_rate: ScalarOrSchedule,
-    beta: Any = 0.9,
-    accumulator_dtype: Any = None,
+    beta: ScalarLike = 0.9,
+    accumulator_dtype: DTypeLike | None = None,
 ) -> Chain:
     r"""Signum: steps by the sign of the momentum.
 
@@ -537,17 +551,17 @@ def signum(
     Compressed Optimisation for Non-Convex Problems*, ICML 2018.
     """
     return Chain(
-        Ema(beta, debias=False, accumulator_dtype=accumulator_dtype),
+        Ema(decay=beta, debias=False, accumulator_dtype=accumulator_dtype),
         ScaleBySign(),
-        ScaleByLearningRate(learning_rate),
+        ScaleByLearningRate(learning_rate=learning_rate),
     )
 
 
 def noisy_sgd(
     learning_rate: ScalarOrSchedule,
-    eta: Any = 0.01,
-    gamma: Any = 0.55,
-    key: Any = None,
+    eta: ScalarLike = 0.01,
+    gamma: ScalarLike = 0.55,
+    key: KeyLike | None = None,
     *,
     seed: int | None = None,
 ) -> Chain:
@@ -574,11 +588,7 @@ def noisy_sgd(
     **References:** Neelakantan et al., *Adding Gradient Noise Improves
     Learning for Very Deep Networks*, arXiv:1511.06807, 2015.
     """
-    if seed is not None:
-        if key is not None:
-            raise ValueError("Give only one of `key` and `seed`.")
-        key = seed
     return Chain(
-        AddNoise(eta, gamma, 0 if key is None else key),
-        ScaleByLearningRate(learning_rate),
+        AddNoise(eta=eta, gamma=gamma, key=key_or_seed(key, seed)),
+        ScaleByLearningRate(learning_rate=learning_rate),
     )

@@ -1,15 +1,18 @@
 """Combinators: `chain`, `named_chain` and parameter groups (`partition`)."""
 
+import abc
 import re
-from collections.abc import Hashable, Mapping
-from typing import Any
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, TypeAlias
 
 import equinox as eqx
 import jax
 import numpy as np
+from jaxtyping import PyTree
 
 from ._base import (
     AbstractGradientTransformation,
+    OptState,
     Params,
     Updates,
     as_transform,
@@ -19,8 +22,10 @@ from ._base import (
     path_str,
 )
 from ._filters import (
-    _is_spec_leaf,
+    is_pytree_node,
+    is_spec_leaf,
     keep_selected,
+    map_prefix,
     resolve_filter,
 )
 
@@ -42,13 +47,14 @@ def _default_names(transforms) -> tuple[str, ...]:
     return tuple(names)
 
 
-class _NamedTuple(eqx.Module):
-    """Shared behaviour: a tuple of parts readable by position, by name and by attribute."""
+class _AbstractNamedTuple(eqx.Module):
+    """A tuple of named parts, readable by position, by name and by attribute."""
 
     names: eqx.AbstractVar[tuple[str, ...]]
 
+    @abc.abstractmethod
     def _parts(self) -> tuple:
-        raise NotImplementedError
+        """The parts, in order, one per name."""
 
     def __getitem__(self, key: int | str | slice):
         if isinstance(key, str):
@@ -75,7 +81,7 @@ class _NamedTuple(eqx.Module):
         return len(self._parts())
 
 
-class ChainState(_NamedTuple):
+class ChainState(_AbstractNamedTuple):
     """The state of a `Chain`: the parts' states in order.
 
     Read a part's state by position (`state[0]`), by name (`state["scale_by_adam"]`)
@@ -83,7 +89,7 @@ class ChainState(_NamedTuple):
     `len`, iterates over the parts' states and unpacks: `adam_state, _ = state`.
     """
 
-    states: tuple[Any, ...]
+    states: tuple[OptState, ...]
     names: tuple[str, ...] = eqx.field(static=True)
 
     def _parts(self) -> tuple:
@@ -95,7 +101,7 @@ class ChainState(_NamedTuple):
         return iter(self.states)
 
 
-class Chain(_NamedTuple, AbstractGradientTransformation):
+class Chain(_AbstractNamedTuple, AbstractGradientTransformation):
     r"""Applies transforms one after the other.
 
     $$ u \mapsto T_n(\dots T_2(T_1(u))) $$
@@ -169,7 +175,7 @@ class Chain(_NamedTuple, AbstractGradientTransformation):
         if params is not None and not per_example:
             check_updates(updates, params)
         new_states = []
-        for transform, part_state in zip(self.transforms, state.states):
+        for transform, part_state in zip(self.transforms, state.states, strict=True):
             updates, part_state = transform.update(
                 updates, part_state, params, **extra_args
             )
@@ -197,17 +203,21 @@ def named_chain(*args: tuple[str, Any]) -> Chain:
 # Parameter groups
 # ---------------------------------------------------------------------------
 
+#: The groups of a `Partition`: a dict from label to filter spec, or a prefix
+#: pytree of labels and per-leaf callables returning a label.
+ParamLabels: TypeAlias = PyTree[Hashable | Callable[[Any], Hashable]]
+
 
 class PartitionState(eqx.Module):
     """The state of a `Partition`: one inner state per group, keyed by label."""
 
-    inner_states: dict[Hashable, Any]
+    inner_states: dict[Hashable, OptState]
 
 
 def _looks_like_filter_specs(param_labels: Any, labels: set) -> bool:
     if not isinstance(param_labels, Mapping) or set(param_labels.keys()) != labels:
         return False
-    leaves = jax.tree.leaves(param_labels, is_leaf=_is_spec_leaf)
+    leaves = jax.tree.leaves(param_labels, is_leaf=is_spec_leaf)
     return all(
         leaf is None or isinstance(leaf, (bool, np.bool_)) or callable(leaf)
         for leaf in leaves
@@ -242,25 +252,11 @@ def _resolve_labels(param_labels: Any, params: Params, labels: list) -> Any:
 
     # A label tree: a prefix pytree of labels, or per-leaf callables returning labels.
     def is_label_leaf(x):
-        return (
-            x is None
-            or isinstance(x, Hashable)
-            and not _is_pytree(x)
-            or callable(x)
-            and not _is_pytree(x)
+        return x is None or (
+            (isinstance(x, Hashable) or callable(x)) and not is_pytree_node(x)
         )
 
-    spec_flat, spec_def = jax.tree_util.tree_flatten_with_path(
-        param_labels, is_leaf=is_label_leaf
-    )
-    try:
-        subtrees = spec_def.flatten_up_to(params)
-    except (ValueError, TypeError) as error:
-        raise ValueError(
-            f"`param_labels` is not a prefix of the params' structure: {error}"
-        ) from None
-    resolved = []
-    for (prefix, spec), subtree in zip(spec_flat, subtrees):
+    def resolve_subtree(spec, subtree, prefix):
         flat = jax.tree_util.tree_flatten_with_path(subtree, is_leaf=is_none)[0]
         sub_out = []
         for path, leaf in flat:
@@ -270,18 +266,25 @@ def _resolve_labels(param_labels: Any, params: Params, labels: list) -> Any:
             label = spec(leaf) if callable(spec) and not isinstance(spec, str) else spec
             if label not in labels:
                 raise ValueError(
-                    f"The parameter at {path_str(prefix + path)} has label {label!r}, which "
-                    f"is in no group; the groups are {labels}."
+                    f"The parameter at {path_str(prefix + path)} has label "
+                    f"{label!r}, which is in no group; the groups are {labels}."
                 )
             sub_out.append(label)
-        resolved.append(
-            jax.tree.unflatten(jax.tree.structure(subtree, is_leaf=is_none), sub_out)
-        )
-    return jax.tree.unflatten(spec_def, resolved)
+        treedef = jax.tree.structure(subtree, is_leaf=is_none)
+        return jax.tree.unflatten(treedef, sub_out)
+
+    return map_prefix(
+        resolve_subtree,
+        param_labels,
+        params,
+        is_leaf=is_label_leaf,
+        what="`param_labels`",
+    )
 
 
-def _is_pytree(x: Any) -> bool:
-    return not jax.tree_util.treedef_is_leaf(jax.tree.structure(x))
+def _group_mask(labels: Any, label: Hashable) -> Any:
+    """A tree of bools: which leaves have the given label."""
+    return jax.tree.map(lambda x: x == label, labels, is_leaf=is_none)
 
 
 class Partition(AbstractGradientTransformation):
@@ -312,9 +315,9 @@ class Partition(AbstractGradientTransformation):
     transforms: dict[Hashable, AbstractGradientTransformation]
     # Labels, bools and predicates are not arrays, so `eqx.filter_jit` treats them
     # as static; a prefix pytree of them is kept as an ordinary field.
-    param_labels: Any
+    param_labels: ParamLabels
 
-    def __init__(self, transforms: Mapping[Hashable, Any], param_labels: Any):
+    def __init__(self, transforms: Mapping[Hashable, Any], param_labels: ParamLabels):
         self.transforms = {label: as_transform(t) for label, t in transforms.items()}
         self.param_labels = param_labels
 
@@ -330,7 +333,7 @@ class Partition(AbstractGradientTransformation):
         labels = self._labels(params)
         inner_states = {}
         for label, transform in self.transforms.items():
-            mask = jax.tree.map(lambda x: x == label, labels, is_leaf=is_none)
+            mask = _group_mask(labels, label)
             inner_states[label] = transform.init(keep_selected(params, mask))
         return PartitionState(inner_states)
 
@@ -346,7 +349,7 @@ class Partition(AbstractGradientTransformation):
         new_updates = updates
         inner_states = {}
         for label, transform in self.transforms.items():
-            mask = jax.tree.map(lambda x: x == label, labels, is_leaf=is_none)
+            mask = _group_mask(labels, label)
             group_updates = keep_selected(updates, mask)
             group_params = None if params is None else keep_selected(params, mask)
             group_updates, inner_states[label] = transform.update(
@@ -364,7 +367,7 @@ class Partition(AbstractGradientTransformation):
 
 def partition(
     transforms: Mapping[Hashable, Any],
-    param_labels: Any,
+    param_labels: ParamLabels,
     *,
     mask_compatible_extra_args: bool = False,
 ) -> Partition:
@@ -373,14 +376,14 @@ def partition(
     `mask_compatible_extra_args` is accepted for Optax compatibility: eqopt
     forwards every extra argument to every group unchanged.
     """
-    return Partition(transforms, param_labels)
+    return Partition(transforms=transforms, param_labels=param_labels)
 
 
 def multi_transform(
     transforms: Mapping[Hashable, Any],
-    param_labels: Any,
+    param_labels: ParamLabels,
     *,
     mask_compatible_extra_args: bool = False,
 ) -> Partition:
     """Optax's older name for [`eqopt.partition`][]."""
-    return Partition(transforms, param_labels)
+    return Partition(transforms=transforms, param_labels=param_labels)

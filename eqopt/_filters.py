@@ -4,6 +4,7 @@ from collections.abc import Callable
 from typing import Any, TypeAlias, no_type_check
 
 import jax
+import jax.core
 import numpy as np
 from jaxtyping import PyTree
 
@@ -16,7 +17,7 @@ FilterSpec: TypeAlias = (
 
 
 @no_type_check
-def _is_spec_leaf(x: Any) -> bool:
+def is_spec_leaf(x: Any) -> bool:
     # Equinox modules are callable pytrees: they are prefix trees, not predicates.
     return (
         x is None
@@ -24,13 +25,13 @@ def _is_spec_leaf(x: Any) -> bool:
         or (
             callable(x)
             and not isinstance(x, jax.tree_util.Partial)
-            and not _is_pytree_node(x)
+            and not is_pytree_node(x)
         )
     )
 
 
 @no_type_check
-def _is_pytree_node(x: Any) -> bool:
+def is_pytree_node(x: Any) -> bool:
     return jax.tree_util.treedef_is_leaf(jax.tree.structure(x)) is False
 
 
@@ -84,24 +85,49 @@ def resolve_filter(
         treedef = jax.tree.structure(subtree, is_leaf=is_none)
         return jax.tree.unflatten(treedef, leaves)
 
-    if _is_spec_leaf(filter_spec):
+    if is_spec_leaf(filter_spec):
         return resolve_subtree(filter_spec, tree, ())
+    return map_prefix(
+        resolve_subtree,
+        filter_spec,
+        tree,
+        is_leaf=is_spec_leaf,
+        what=f"The {what}",
+        hint=" Build it with, for example, `jax.tree.map(lambda _: False, model)` "
+        "and `eqx.tree_at`.",
+    )
 
-    spec_flat, spec_def = jax.tree_util.tree_flatten_with_path(
-        filter_spec, is_leaf=_is_spec_leaf
+
+def map_prefix(
+    fn: Callable[[Any, Any, tuple], Any],
+    prefix: Any,
+    tree: Any,
+    *,
+    is_leaf: Callable[[Any], bool],
+    what: str,
+    hint: str = "",
+) -> Any:
+    """Maps `fn(prefix_leaf, subtree, path)` over a prefix tree of `tree`.
+
+    Each leaf of `prefix` (as told by `is_leaf`) is paired with the subtree of
+    `tree` below it and its path; the results are put back in the structure of
+    `prefix`. Raises a `ValueError` starting with `what` if `prefix` is not a
+    prefix of `tree`.
+    """
+    prefix_flat, prefix_def = jax.tree_util.tree_flatten_with_path(
+        prefix, is_leaf=is_leaf
     )
     try:
-        subtrees = spec_def.flatten_up_to(tree)
+        subtrees = prefix_def.flatten_up_to(tree)
     except (ValueError, TypeError) as error:
         raise ValueError(
-            f"The {what} is not a prefix of the params' structure: {error}. Build it "
-            "with, for example, `jax.tree.map(lambda _: False, model)` and `eqx.tree_at`."
+            f"{what} is not a prefix of the params' structure: {error}.{hint}"
         ) from None
-    resolved = [
-        resolve_subtree(spec, subtree, path)
-        for (path, spec), subtree in zip(spec_flat, subtrees)
+    results = [
+        fn(leaf, subtree, path)
+        for (path, leaf), subtree in zip(prefix_flat, subtrees, strict=True)
     ]
-    return jax.tree.unflatten(spec_def, resolved)
+    return jax.tree.unflatten(prefix_def, results)
 
 
 def select_trainable(filter_spec: FilterSpec, tree: Any, *, what: str = "mask") -> Any:

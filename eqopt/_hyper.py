@@ -23,6 +23,7 @@ from typing import Any, TypeAlias
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int, Real
@@ -132,6 +133,13 @@ def _describe(value: Any) -> str:
     return f"{type(value).__name__} {text}"
 
 
+def _passes_unchecked(value: Any, schedule_allowed: bool, none_allowed: bool) -> bool:
+    # `None` or a schedule, where the converter allows one.
+    if value is None:
+        return none_allowed
+    return schedule_allowed and callable(value) and not eqx.is_array(value)
+
+
 def check_fields(module: eqx.Module) -> None:
     """Checks every hyperparameter field of `module` against what it may hold.
 
@@ -146,10 +154,8 @@ def check_fields(module: eqx.Module) -> None:
         if kind is None:
             continue
         expected, schedule_allowed, none_allowed = kind
-        value = getattr(module, field.name, None)
-        if value is None and none_allowed:
-            continue
-        if schedule_allowed and callable(value) and not eqx.is_array(value):
+        value: Any = getattr(module, field.name)
+        if _passes_unchecked(value, schedule_allowed, none_allowed):
             continue
         owner = type(module).__name__
         integer = field.metadata.get("converter") is as_int_scalar

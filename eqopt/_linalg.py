@@ -6,38 +6,20 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, ArrayLike, Float, Inexact, Int, PRNGKeyArray, PyTree, Real
 
-# ---------------------------------------------------------------------------
-# Tree arithmetic (inexact-array leaves only; every other leaf is ignored)
-# ---------------------------------------------------------------------------
+from .tree import norm as tree_norm, scale as tree_scale, vdot as tree_vdot
 
 
 def _leaves(tree: Any) -> list[Array]:
     return [x for x in jax.tree.leaves(tree) if eqx.is_array(x)]
 
 
-def _tree_norm(tree: Any) -> Array:
-    squares = [jnp.sum(jnp.square(x.real) + jnp.square(x.imag)) for x in _leaves(tree)]
-    return jnp.sqrt(sum(squares[1:], squares[0]))
-
-
-def _tree_vdot(tree_x: Any, tree_y: Any) -> Array:
-    products = [
-        jnp.vdot(x, y, precision=lax.Precision.HIGHEST)
-        for x, y in zip(_leaves(tree_x), _leaves(tree_y), strict=True)
-    ]
-    return sum(products[1:], products[0])
-
-
-def _tree_scale(scalar: Array, tree: Any) -> Any:
-    return jax.tree.map(lambda x: scalar * x if eqx.is_array(x) else x, tree)
-
-
 def _normalise(tree: Any) -> Any:
-    return _tree_scale(1.0 / _tree_norm(tree), tree)
+    return tree_scale(1.0 / tree_norm(tree), tree)
 
 
 # ---------------------------------------------------------------------------
@@ -103,8 +85,10 @@ def power_iteration(
                 f"shape {matrix.shape}, got {jax.tree.map(jnp.shape, v0)}."
             )
 
-        def matvec(v):
+        def matrix_product(v):
             return jnp.matmul(matrix, v, precision=precision)
+
+        matvec = matrix_product
 
     if not _leaves(v0):
         raise ValueError("`v0` has no array leaves.")
@@ -117,14 +101,14 @@ def power_iteration(
         residual = jax.tree.map(
             lambda z, v: z - eigenvalue * v if eqx.is_array(z) else z, product, vector
         )
-        converged = jnp.abs(_tree_norm(residual) / eigenvalue) < error_tolerance
+        converged = jnp.abs(tree_norm(residual) / eigenvalue) < error_tolerance
         return ~converged & (step < num_iters)
 
     def body(carry):
         _, product, _, step = carry
         vector = _normalise(product)
         product = matvec(vector)
-        return vector, product, _tree_vdot(vector, product), step + 1
+        return vector, product, tree_vdot(vector, product), step + 1
 
     init = (v0, z0, jnp.zeros((), eig_dtype), jnp.asarray(0))
     _, product, eigenvalue, _ = lax.while_loop(cond, body, init)
@@ -147,6 +131,8 @@ def _matrix_power(matrix: Array, p: Any, precision: lax.Precision) -> Array:
             p >>= 1
             if p:
                 square = mm(square, square)
+        if result is None:
+            raise ValueError("`p` must be a positive integer.")
         return result
 
     # `p` is an array: the same squaring, in a loop over its bits.

@@ -2,7 +2,7 @@
 
 Each family's test module, `tests/test_<family>.py`, defines `TRANSFORM_CASES`: a
 list of `helpers.Case`, one per configuration, beside the family's own tests. This
-module collects them. The generic tests in `test_transforms.py` run every case:
+module collects them. The generic tests in `test_registry.py` run every case:
 init/update on an Equinox model with non-array leaves and `None` gradients, jit
 without retrace when a hyperparameter changes, a typed state that survives
 serialisation, parity with Optax over several steps on float32, bfloat16 and
@@ -13,24 +13,21 @@ import importlib
 import re
 from pathlib import Path
 
-from helpers import Case, build, spec_like
+from helpers import Case, build
 
-__all__ = ["ALL_CASES", "Case", "build", "spec_like"]
+__all__ = ["ALL_CASES", "Case", "build"]
 
-_HERE = Path(__file__).parent
 _DEFINES_CASES = re.compile(r"^TRANSFORM_CASES\s*[:=]", re.MULTILINE)
 
 
 def all_cases() -> list[Case]:
+    """The `TRANSFORM_CASES` of every `tests/test_*.py`, in file order."""
     cases: list[Case] = []
-    for path in sorted(_HERE.glob("*.py")):
-        if not (path.stem.startswith("test_") or path.stem.startswith("_cases_")):
-            continue
-        if not _DEFINES_CASES.search(path.read_text()):
-            continue
-        cases += importlib.import_module(path.stem).TRANSFORM_CASES
-    names = [c.name for c in cases]
-    duplicates = {n for n in names if names.count(n) > 1}
+    for path in sorted(Path(__file__).parent.glob("test_*.py")):
+        if _DEFINES_CASES.search(path.read_text()):
+            cases += importlib.import_module(path.stem).TRANSFORM_CASES
+    names = [case.name for case in cases]
+    duplicates = {name for name in names if names.count(name) > 1}
     assert not duplicates, f"duplicate case names: {duplicates}"
     return cases
 

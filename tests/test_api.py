@@ -141,19 +141,24 @@ def _all_eqopt_classes():
 
 
 def test_classes_are_abstract_or_final():
+    """Every Module class of eqopt, private ones included, is abstract or final.
+
+    An abstract class is named `Abstract*` (or `_Abstract*`) and has an abstract
+    method or an `eqx.AbstractVar`; any other class is never subclassed.
+    """
     classes = _all_eqopt_classes()
     for cls in classes:
         if not issubclass(cls, eqx.Module):
             continue
         subclasses = [c for c in classes if c is not cls and issubclass(c, cls)]
-        if cls.__name__.startswith("Abstract") or cls.__name__.startswith("_"):
-            if cls.__name__.startswith("Abstract"):
-                assert (
-                    getattr(cls, "__abstractmethods__", None)
-                    or any(isinstance(v, type) for v in ())
-                    or _has_abstract_vars(cls)
-                ), f"{cls.__name__} is named Abstract but has nothing abstract"
+        if cls.__name__.lstrip("_").startswith("Abstract"):
+            assert getattr(cls, "__abstractmethods__", None) or _has_abstract_vars(
+                cls
+            ), f"{cls.__name__} is named Abstract but has nothing abstract"
             continue
+        assert not getattr(cls, "__abstractmethods__", None), (
+            f"{cls.__name__} has abstract methods but is not named Abstract"
+        )
         assert not subclasses, (
             f"{cls.__name__} is concrete but subclassed by {subclasses}"
         )

@@ -1,12 +1,14 @@
-"""The protocol's helpers: numerics, update helpers, function-pair transforms."""
+"""The protocol (`eqopt/_base.py`): apply_updates and friends, function-pair
+transforms, and the errors that name the offending leaf's path."""
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import jaxtyping
 import numpy as np
 import optax
 import pytest
-from helpers import assert_tree_allclose
+from helpers import assert_tree_allclose, make_mlp
 
 import eqopt
 
@@ -14,53 +16,8 @@ TREE = {
     "a": jnp.array([1.0, -2.0, 3.0]),
     "b": jnp.array([[0.5, 0.0], [-1.5, 2.0]]),
 }
+
 OTHER = {"a": jnp.array([0.1, 0.2, -0.3]), "b": jnp.array([[1.0, -1.0], [0.0, 0.25]])}
-
-
-def test_numerics_match_optax():
-    assert_tree_allclose(eqopt.global_norm(TREE), optax.global_norm(TREE))
-    x = TREE["b"]
-    for min_norm in (0.0, 1.0, 10.0):
-        assert_tree_allclose(eqopt.safe_norm(x, min_norm), optax.safe_norm(x, min_norm))
-        assert_tree_allclose(
-            eqopt.safe_norm(x, min_norm, axis=1), optax.safe_norm(x, min_norm, axis=1)
-        )
-        assert_tree_allclose(
-            eqopt.safe_root_mean_squares(x, min_norm),
-            optax.safe_root_mean_squares(x, min_norm),
-        )
-    for count in (jnp.asarray(3, jnp.int32), jnp.asarray(2**31 - 1, jnp.int32)):
-        assert eqopt.safe_int32_increment(count) == optax.safe_int32_increment(count)
-        assert eqopt.safe_increment(count) == optax.safe_increment(count)
-    assert eqopt.safe_increment(jnp.asarray(2.0)) == 3.0
-    count = jnp.asarray(4, jnp.int32)
-    assert_tree_allclose(
-        eqopt.bias_correction(TREE, 0.9, count), optax.bias_correction(TREE, 0.9, count)
-    )
-    for order in (1, 2, 3):
-        assert_tree_allclose(
-            eqopt.update_moment(OTHER, TREE, 0.9, order),
-            optax.update_moment(OTHER, TREE, 0.9, order),
-        )
-        assert_tree_allclose(
-            eqopt.update_moment_per_elem_norm(OTHER, TREE, 0.9, order),
-            optax.update_moment_per_elem_norm(OTHER, TREE, 0.9, order),
-        )
-    assert_tree_allclose(
-        eqopt.update_infinity_moment(OTHER, TREE, 0.9, 1e-3),
-        optax.update_infinity_moment(OTHER, TREE, 0.9, 1e-3),
-    )
-
-
-def test_safe_norm_gradient_is_finite_at_zero():
-    grad = jax.grad(lambda x: eqopt.safe_norm(x, 1e-6))(jnp.zeros(3))
-    assert np.all(np.isfinite(grad)) and np.all(grad == 0)
-
-
-def test_global_norm_of_whole_model_ignores_non_arrays():
-    model = eqx.nn.MLP(2, 2, 3, 1, key=jax.random.key(0))
-    expected = optax.global_norm(eqx.filter(model, eqx.is_array))
-    assert_tree_allclose(eqopt.global_norm(model), expected)
 
 
 def test_incremental_and_periodic_update_match_optax_and_keep_model_leaves():
@@ -115,36 +72,97 @@ def test_gradient_transformation_wraps_function_pairs():
     assert_tree_allclose(updates, TREE)
 
 
-def test_with_extra_args_support_and_init_empty_state():
-    tx = eqopt.scale(2.0)
-    assert eqopt.with_extra_args_support(tx) is tx
-    wrapped = eqopt.with_extra_args_support(optax.scale(2.0))
-    updates, _ = wrapped.update(TREE, wrapped.init(TREE), loss=jnp.asarray(1.0))
-    assert_tree_allclose(updates, jax.tree.map(lambda g: 2 * g, TREE))
-    assert eqopt.init_empty_state(TREE) == eqopt.EmptyState()
-
-
-def test_multi_transform_is_partition():
-    tx = eqopt.multi_transform(
-        {"x": eqopt.scale(2.0), "y": eqopt.scale(-1.0)}, {"a": "x", "b": "y"}
-    )
-    assert isinstance(tx, eqopt.Partition)
-    updates, _ = tx.update(TREE, tx.init(TREE))
-    assert_tree_allclose(updates, {"a": 2 * TREE["a"], "b": -TREE["b"]})
-
-
-def test_tree_map_params_over_a_chain_state():
-    params = {"w": jnp.ones((2, 3)), "b": jnp.zeros(3)}
-    opt = eqopt.adam(1e-3)
-    state = opt.init(params)
-    doubled = eqopt.tree_map_params(opt, lambda p: p + 2.0, state)
-    assert_tree_allclose(doubled[0].mu, jax.tree.map(lambda x: x + 2.0, state[0].mu))
-    assert doubled[0].count == state[0].count
-
-
 def test_apply_updates_casts_and_skips_none():
     params = {"a": jnp.ones(2, jnp.bfloat16), "n": 3, "f": jax.nn.relu}
     updates = {"a": jnp.full(2, 0.5, jnp.float32), "n": None, "f": None}
     new = eqopt.apply_updates(params, updates)
     assert new["a"].dtype == jnp.bfloat16 and new["n"] == 3 and new["f"] is jax.nn.relu
     np.testing.assert_allclose(new["a"].astype(jnp.float32), 1.5)
+
+
+# ---------------------------------------------------------------------------
+# Bad input gets one clear error that names the offending leaf's path
+# ---------------------------------------------------------------------------
+
+
+def grads_of(model):
+    return eqx.filter_grad(lambda m: jnp.sum(m(jnp.ones(3)) ** 2))(model)
+
+
+def test_gradient_shape_mismatch_names_path():
+    model = make_mlp(in_size=3)
+    opt = eqopt.adam(1e-3)
+    state = opt.init(model)
+    bad = eqx.tree_at(lambda g: g.layers[1].weight, grads_of(model), jnp.ones((3, 3)))
+    with pytest.raises(
+        ValueError, match=r"\.layers\[1\]\.weight.*shape \(3, 3\).*\(2, 4\)"
+    ):
+        opt.update(bad, state, model)
+
+
+def test_gradient_structure_mismatch_names_path():
+    params = {"a": jnp.ones(2), "b": jnp.ones(3)}
+    opt = eqopt.scale_by_adam()
+    state = opt.init(params)
+    with pytest.raises(ValueError, match=r"\['c'\]"):
+        opt.update(
+            {"a": jnp.ones(2), "b": jnp.ones(3), "c": jnp.ones(1)}, state, params
+        )
+    with pytest.raises(ValueError, match=r"\['b'\]"):
+        opt.update({"a": jnp.ones(2)}, state)
+
+
+def test_gradient_for_non_trainable_leaf_names_path():
+    model = make_mlp(in_size=3)
+    grads = eqx.tree_at(
+        lambda g: g.activation,
+        grads_of(model),
+        jnp.ones(()),
+        is_leaf=lambda x: x is None,
+    )
+    with pytest.raises(ValueError, match=r"\.activation.*not trainable"):
+        eqopt.apply_updates(model, grads)
+
+
+def test_complex_update_for_real_param_names_path():
+    params = {"w": jnp.ones(2)}
+    with pytest.raises(ValueError, match=r"\['w'\].*complex"):
+        eqopt.apply_updates(params, {"w": jnp.ones(2, jnp.complex64)})
+
+
+def test_state_from_another_model_names_path():
+    opt = eqopt.scale_by_adam()
+    state = opt.init({"a": jnp.ones(2)})
+    with pytest.raises(ValueError, match=r"\['b'\]"):
+        opt.update({"a": jnp.ones(2), "b": jnp.ones(2)}, state)
+
+
+def test_errors_at_trace_time_under_jit():
+    params = {"a": jnp.ones(2)}
+    opt = eqopt.scale_by_adam()
+    state = opt.init(params)
+
+    @eqx.filter_jit
+    def step(updates, state):
+        return opt.update(updates, state)
+
+    with pytest.raises(ValueError, match=r"\['a'\].*shape \(3,\)"):
+        step({"a": jnp.ones(3)}, state)
+
+
+def test_wrong_state_type_is_a_type_error():
+    params = {"a": jnp.ones(2)}
+    with pytest.raises(jaxtyping.TypeCheckError):
+        eqopt.scale_by_adam().update(params, eqopt.EmptyState())
+
+
+def test_integer_gradient_is_a_type_error():
+    """Updates are checked as a pytree of inexact arrays (with None) at every update."""
+    params = {"a": jnp.ones(2)}
+    opt = eqopt.scale_by_adam()
+    with pytest.raises(jaxtyping.TypeCheckError, match="updates"):
+        opt.update({"a": jnp.ones(2, jnp.int32)}, opt.init(params))
+    with pytest.raises(jaxtyping.TypeCheckError):
+        eqopt.ScaleByAdamState(
+            count=jnp.zeros((), jnp.int32), mu={"a": jnp.ones(2, jnp.int32)}, nu=None
+        )

@@ -1,8 +1,8 @@
-"""Tests for `inject_hyperparams` and `inject_stateful_hyperparams` beyond the registry.
+"""Tests for `inject_hyperparams` (`eqopt/_wrappers/inject.py`) beyond the registry.
 
 Optax is the oracle: every behaviour is compared with `optax.inject_hyperparams`
-(which, in Optax 0.2.8, is also its stateful version).
-"""
+(which, in Optax 0.2.8, is also its stateful version). Stateful schedules are
+tested in test_stateful_schedules.py."""
 
 import equinox as eqx
 import jax
@@ -10,68 +10,99 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import assert_tree_allclose
-from jaxtyping import Array, Float
+from helpers import (
+    ALL_DTYPES,
+    Case,
+    adam_b1_then_rate,
+    adam_then_rate,
+    assert_tree_allclose,
+    decaying_schedule,
+    is_matrix,
+    optax_adam_b1_then_rate,
+    optax_adam_then_rate,
+    optax_matrices,
+    run_both,
+    small_grads,
+    small_params,
+)
 
 import eqopt
 import eqopt.schedules
 import eqopt.tree
 
-
-def _params():
-    return {
-        "w": jnp.linspace(-1.0, 1.0, 6).reshape(2, 3),
-        "b": jnp.array([0.5, -0.25, 2.0]),
-    }
-
-
-def _grads(step):
-    key = jax.random.key(step)
-    return {
-        "w": jax.random.normal(key, (2, 3)),
-        "b": jax.random.normal(jax.random.split(key)[0], (3,)),
-    }
-
-
-def _schedule(count):
-    return 0.1 / (1.0 + count)
-
-
-# `b2` is injected too, so both sides compute `1 - b2` from the same float32 value
-# and agree to rounding (see test_adam_complement_rounding in test_transforms.py).
-def _adam_then_rate(learning_rate, b1=0.9, b2=0.999):
-    return eqopt.chain(
-        eqopt.scale_by_adam(b1=b1, b2=b2), eqopt.scale_by_learning_rate(learning_rate)
-    )
-
-
-def _optax_adam_then_rate(learning_rate, b1=0.9, b2=0.999):
-    return optax.chain(
-        optax.scale_by_adam(b1=b1, b2=b2), optax.scale_by_learning_rate(learning_rate)
-    )
-
-
-def _run_both(tx, reference, steps, params=None, change=None, extra_args=None):
-    """Runs both transforms side by side; `change(step, state)` may edit both states."""
-    params = _params() if params is None else params
-    state, reference_state = tx.init(params), reference.init(params)
-    for step in range(steps):
-        if change is not None:
-            state = change(step, state)
-            reference_state = change(step, reference_state)
-        grads = _grads(step)
-        extra = {} if extra_args is None else extra_args(step)
-        updates, state = tx.update(grads, state, params, **extra)
-        reference_updates, reference_state = reference.update(
-            grads, reference_state, params, **extra
-        )
-        # Optax computes `1 - b2**t` under jit (a general power), eqopt eagerly
-        # (repeated multiplication for a concrete integer `t`): up to 1e-5 apart.
-        assert_tree_allclose(updates, reference_updates, rtol=5e-5, atol=1e-7)
-        assert_tree_allclose(
-            state.hyperparams, dict(reference_state.hyperparams), rtol=1e-6, atol=0
-        )
-    return state, reference_state
+TRANSFORM_CASES = [
+    Case(
+        "inject_hyperparams-scale_by_learning_rate",
+        lambda: eqopt.inject_hyperparams(eqopt.scale_by_learning_rate)(0.1),
+        lambda: optax.inject_hyperparams(optax.scale_by_learning_rate)(0.1),
+        ALL_DTYPES,
+        needs_params=False,
+    ),
+    Case(
+        "inject_hyperparams-scale_by_adam",
+        lambda: eqopt.inject_hyperparams(eqopt.scale_by_adam)(b1=0.8, eps_root=1e-8),
+        lambda: optax.inject_hyperparams(optax.scale_by_adam)(b1=0.8, eps_root=1e-8),
+        # With bfloat16 params both round b2=0.999 to 1 and give nan: see the
+        # hyperparam_dtype case.
+        ("float32",),
+        needs_params=False,
+    ),
+    Case(
+        "inject_hyperparams-scale_by_adam-hyperparam_dtype",
+        lambda: eqopt.inject_hyperparams(
+            eqopt.scale_by_adam, hyperparam_dtype=jnp.float32
+        )(),
+        lambda: optax.inject_hyperparams(
+            optax.scale_by_adam, hyperparam_dtype=jnp.float32
+        )(),
+        needs_params=False,
+    ),
+    Case(
+        "inject_hyperparams-schedule",
+        lambda: eqopt.inject_hyperparams(adam_b1_then_rate)(
+            learning_rate=decaying_schedule, b1=0.8
+        ),
+        lambda: optax.inject_hyperparams(optax_adam_b1_then_rate)(
+            learning_rate=decaying_schedule, b1=0.8
+        ),
+        ("float32",),
+        needs_params=False,
+        steps=5,
+    ),
+    Case(
+        "inject_hyperparams-schedule_module",
+        lambda: eqopt.inject_hyperparams(eqopt.scale_by_learning_rate)(
+            learning_rate=eqopt.schedules.cosine_decay_schedule(0.1, 4, alpha=0.1)
+        ),
+        lambda: optax.inject_hyperparams(optax.scale_by_learning_rate)(
+            learning_rate=optax.cosine_decay_schedule(0.1, 4, alpha=0.1)
+        ),
+        needs_params=False,
+        steps=6,
+    ),
+    Case(
+        "inject_hyperparams-static_args",
+        lambda: eqopt.inject_hyperparams(eqopt.add_decayed_weights, static_args="mask")(
+            0.1, mask=is_matrix
+        ),
+        lambda: optax.inject_hyperparams(optax.add_decayed_weights, static_args="mask")(
+            0.1, mask=optax_matrices
+        ),
+        ALL_DTYPES,
+    ),
+    Case(
+        "inject_hyperparams-adam",
+        lambda: eqopt.inject_hyperparams(eqopt.adam)(
+            learning_rate=decaying_schedule, b1=0.8
+        ),
+        lambda: optax.inject_hyperparams(optax.adam)(
+            learning_rate=decaying_schedule, b1=0.8
+        ),
+        ("float32",),
+        needs_params=False,
+        steps=5,
+    ),
+]
 
 
 # ---------------------------------------------------------------------------
@@ -81,7 +112,7 @@ def _run_both(tx, reference, steps, params=None, change=None, extra_args=None):
 
 def test_read_hyperparams_after_init():
     tx = eqopt.inject_hyperparams(eqopt.scale_by_adam)(b1=0.8)
-    state = tx.init(_params())
+    state = tx.init(small_params())
     assert isinstance(tx, eqopt.InjectHyperparams)
     assert isinstance(state, eqopt.InjectHyperparamsState)
     assert set(state.hyperparams) == {
@@ -90,7 +121,9 @@ def test_read_hyperparams_after_init():
         "eps",
         "eps_root",
     }  # defaults included
-    reference = optax.inject_hyperparams(optax.scale_by_adam)(b1=0.8).init(_params())
+    reference = optax.inject_hyperparams(optax.scale_by_adam)(b1=0.8).init(
+        small_params()
+    )
     assert_tree_allclose(state.hyperparams, dict(reference.hyperparams), rtol=0, atol=0)
     assert (
         state.hyperparams["b1"].dtype == jnp.float32
@@ -108,9 +141,9 @@ def test_change_learning_rate_in_state_as_in_optax():
             state.hyperparams["b1"] = jnp.asarray(0.5)
         return state
 
-    tx = eqopt.inject_hyperparams(_adam_then_rate)(learning_rate=0.1)
-    reference = optax.inject_hyperparams(_optax_adam_then_rate)(learning_rate=0.1)
-    state, _ = _run_both(tx, reference, steps=5, change=change)
+    tx = eqopt.inject_hyperparams(adam_then_rate)(learning_rate=0.1)
+    reference = optax.inject_hyperparams(optax_adam_then_rate)(learning_rate=0.1)
+    state, _ = run_both(tx, reference, steps=5, change=change)
     assert float(state.hyperparams["learning_rate"]) == pytest.approx(0.01)
     assert float(state.hyperparams["b1"]) == 0.5
     assert state.hyperparams["learning_rate"].dtype == jnp.float32
@@ -118,7 +151,7 @@ def test_change_learning_rate_in_state_as_in_optax():
 
 def test_change_with_tree_at_under_jit_does_not_retrace():
     tx = eqopt.inject_hyperparams(eqopt.scale_by_learning_rate)(learning_rate=0.1)
-    params, grads = _params(), _grads(0)
+    params, grads = small_params(), small_grads(0)
     traces = []
 
     @eqx.filter_jit
@@ -141,36 +174,40 @@ def test_change_with_tree_at_under_jit_does_not_retrace():
 
 
 def test_eqopt_tree_get_and_set_on_injected_state():
-    tx = eqopt.inject_hyperparams(_adam_then_rate)(learning_rate=0.1)
-    params = _params()
+    tx = eqopt.inject_hyperparams(adam_then_rate)(learning_rate=0.1)
+    params = small_params()
     state = tx.init(params)
     assert float(eqopt.tree.get(state, "learning_rate")) == pytest.approx(0.1)
     state = eqopt.tree.set(state, learning_rate=jnp.asarray(0.0))
-    updates, state = tx.update(_grads(0), state, params)
+    updates, state = tx.update(small_grads(0), state, params)
     assert_tree_allclose(updates, jax.tree.map(jnp.zeros_like, params), rtol=0, atol=0)
     assert state.hyperparams["learning_rate"].dtype == jnp.float32
 
 
 def test_schedule_evaluated_each_step():
-    tx = eqopt.inject_hyperparams(eqopt.scale_by_learning_rate)(learning_rate=_schedule)
-    reference = optax.inject_hyperparams(optax.scale_by_learning_rate)(
-        learning_rate=_schedule
+    tx = eqopt.inject_hyperparams(eqopt.scale_by_learning_rate)(
+        learning_rate=decaying_schedule
     )
-    params = _params()
+    reference = optax.inject_hyperparams(optax.scale_by_learning_rate)(
+        learning_rate=decaying_schedule
+    )
+    params = small_params()
     state = tx.init(params)
-    assert float(state.hyperparams["learning_rate"]) == pytest.approx(_schedule(0))
+    assert float(state.hyperparams["learning_rate"]) == pytest.approx(
+        decaying_schedule(0)
+    )
     for step in range(4):
-        grads = _grads(step)
+        grads = small_grads(step)
         updates, state = tx.update(grads, state, params)
         # The state holds the value this update used: the schedule at the old count.
         assert float(state.hyperparams["learning_rate"]) == pytest.approx(
-            _schedule(step)
+            decaying_schedule(step)
         )
         assert int(state.count) == step + 1
         assert_tree_allclose(
-            updates, jax.tree.map(lambda g, t=step: -_schedule(t) * g, grads)
+            updates, jax.tree.map(lambda g, t=step: -decaying_schedule(t) * g, grads)
         )
-    _run_both(tx, reference, steps=4)
+    run_both(tx, reference, steps=4)
 
 
 def test_replacing_a_scheduled_value_has_no_effect():
@@ -178,25 +215,29 @@ def test_replacing_a_scheduled_value_has_no_effect():
         state.hyperparams["learning_rate"] = 123.0
         return state
 
-    tx = eqopt.inject_hyperparams(eqopt.scale_by_learning_rate)(learning_rate=_schedule)
-    reference = optax.inject_hyperparams(optax.scale_by_learning_rate)(
-        learning_rate=_schedule
+    tx = eqopt.inject_hyperparams(eqopt.scale_by_learning_rate)(
+        learning_rate=decaying_schedule
     )
-    state, _ = _run_both(tx, reference, steps=3, change=change)
-    assert float(state.hyperparams["learning_rate"]) == pytest.approx(_schedule(2))
+    reference = optax.inject_hyperparams(optax.scale_by_learning_rate)(
+        learning_rate=decaying_schedule
+    )
+    state, _ = run_both(tx, reference, steps=3, change=change)
+    assert float(state.hyperparams["learning_rate"]) == pytest.approx(
+        decaying_schedule(2)
+    )
 
 
 def test_schedule_module_and_positional_arguments():
     schedule = eqopt.schedules.warmup_cosine_decay_schedule(0.0, 0.1, 2, 6)
-    tx = eqopt.inject_hyperparams(_adam_then_rate)(schedule, 0.7)
-    reference = optax.inject_hyperparams(_optax_adam_then_rate)(
+    tx = eqopt.inject_hyperparams(adam_then_rate)(schedule, 0.7)
+    reference = optax.inject_hyperparams(optax_adam_then_rate)(
         optax.warmup_cosine_decay_schedule(0.0, 0.1, 2, 6), 0.7
     )
     assert set(tx.schedules) == {"learning_rate"} and set(tx.hyperparams) == {
         "b1",
         "b2",
     }
-    _run_both(tx, reference, steps=7)
+    run_both(tx, reference, steps=7)
 
 
 def test_static_args_pass_callables_through():
@@ -207,7 +248,7 @@ def test_static_args_pass_callables_through():
     reference = optax.inject_hyperparams(
         optax.add_decayed_weights, static_args=("mask",)
     )(0.1, mask=lambda p: {k: v.ndim > 1 for k, v in p.items()})
-    _run_both(tx, reference, steps=2)
+    run_both(tx, reference, steps=2)
 
 
 def test_hyperparam_dtype():
@@ -248,11 +289,13 @@ def test_strongly_typed_values_and_ints_kept():
         return eqopt.scale(step_size * every)
 
     tx = eqopt.inject_hyperparams(factory)(jnp.bfloat16(0.5), 3)
-    state = tx.init(_params())
+    state = tx.init(small_params())
     assert state.hyperparams["step_size"].dtype == jnp.bfloat16
     assert jnp.issubdtype(state.hyperparams["every"].dtype, jnp.integer)
-    updates, _ = tx.update(_grads(0), state, _params())
-    assert_tree_allclose(updates, jax.tree.map(lambda g: 1.5 * g, _grads(0)), rtol=1e-2)
+    updates, _ = tx.update(small_grads(0), state, small_params())
+    assert_tree_allclose(
+        updates, jax.tree.map(lambda g: 1.5 * g, small_grads(0)), rtol=1e-2
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -264,7 +307,7 @@ def test_module_class_as_factory():
     tx = eqopt.inject_hyperparams(eqopt.ScaleByAdam)(b1=0.5, nesterov=True)
     assert tx.other_args["nesterov"] is True
     reference = optax.inject_hyperparams(optax.scale_by_adam)(b1=0.5, nesterov=True)
-    _run_both(tx, reference, steps=2)
+    run_both(tx, reference, steps=2)
 
 
 def test_positional_only_and_var_keyword_factory():
@@ -275,9 +318,9 @@ def test_positional_only_and_var_keyword_factory():
 
     tx = eqopt.inject_hyperparams(factory)(0.1, decay=0.5)
     assert set(tx.hyperparams) == {"learning_rate", "decay"}
-    state = tx.init(_params())
+    state = tx.init(small_params())
     state = eqx.tree_at(lambda s: s.hyperparams["decay"], state, jnp.float32(0.0))
-    grads = _grads(0)
+    grads = small_grads(0)
     _, state = tx.update(grads, state)
     updates, state = tx.update(grads, state)
     # With decay 0 the trace is the gradient itself.
@@ -289,98 +332,7 @@ def test_adam_alias_with_schedule():
     schedule = optax.linear_schedule(0.1, 0.01, 3)
     tx = eqopt.inject_hyperparams(eqopt.adam)(learning_rate=schedule, b1=0.8)
     reference = optax.inject_hyperparams(optax.adam)(learning_rate=schedule, b1=0.8)
-    _run_both(tx, reference, steps=4)
-
-
-# ---------------------------------------------------------------------------
-# Stateful schedules
-# ---------------------------------------------------------------------------
-
-
-class HalveOnIncrease(eqopt.AbstractStatefulSchedule):
-    """Halves the value whenever the loss is worse than the best so far."""
-
-    init_value: float
-
-    def init(self) -> dict[str, Float[Array, ""]]:
-        return {"scale": jnp.array(1.0), "best": jnp.array(jnp.inf)}
-
-    def update(self, state, *, loss, **extra_args):
-        worse = loss > state["best"]
-        return {
-            "scale": jnp.where(worse, state["scale"] / 2, state["scale"]),
-            "best": jnp.minimum(loss, state["best"]),
-        }
-
-    def __call__(self, state, **extra_args):
-        return self.init_value * state["scale"]
-
-
-LOSSES = [3.0, 2.0, 2.5, 1.0, 1.5, 1.8]
-
-
-def test_stateful_schedule_matches_optax():
-    schedule = HalveOnIncrease(0.4)
-    tx = eqopt.inject_hyperparams(_adam_then_rate)(learning_rate=schedule)
-    assert isinstance(tx, eqopt.InjectStatefulHyperparams)
-    # The same object satisfies Optax's StatefulSchedule protocol.
-    reference = optax.inject_hyperparams(_optax_adam_then_rate)(learning_rate=schedule)
-    state, _ = _run_both(
-        tx,
-        reference,
-        steps=len(LOSSES),
-        extra_args=lambda step: {"loss": jnp.asarray(LOSSES[step])},
-    )
-    assert isinstance(state, eqopt.InjectStatefulHyperparamsState)
-    # Worse at steps 2, 4 and 5: halved three times, the last halving not used yet.
-    assert float(state.hyperparams["learning_rate"]) == pytest.approx(0.1)
-    assert float(state.hyperparams_states["learning_rate"]["scale"]) == pytest.approx(
-        0.125
-    )
-
-
-def test_stateful_schedule_under_jit():
-    tx = eqopt.inject_stateful_hyperparams(eqopt.scale_by_learning_rate)(
-        learning_rate=HalveOnIncrease(0.4)
-    )
-    params, grads = _params(), _grads(0)
-    traces = []
-
-    @eqx.filter_jit
-    def step(tx, state, loss):
-        traces.append(None)
-        return tx.update(grads, state, params, loss=loss)
-
-    state = tx.init(params)
-    for loss in LOSSES:
-        updates, state = step(tx, state, jnp.asarray(loss))
-    assert len(traces) == 1
-    assert_tree_allclose(updates, jax.tree.map(lambda g: -0.1 * g, grads))
-
-
-def test_stateful_wrapper_with_plain_schedule():
-    tx = eqopt.inject_stateful_hyperparams(eqopt.scale_by_learning_rate)(
-        learning_rate=_schedule, flip_sign=False
-    )
-    assert isinstance(tx, eqopt.InjectStatefulHyperparams)
-    state = tx.init(_params())
-    assert isinstance(
-        state.hyperparams_states["learning_rate"], eqopt.ScheduleCountState
-    )
-    for step in range(3):
-        grads = _grads(step)
-        updates, state = tx.update(grads, state)
-        assert_tree_allclose(
-            updates, jax.tree.map(lambda g, t=step: _schedule(t) * g, grads)
-        )
-    assert int(state.hyperparams_states["learning_rate"].count) == 3 == int(state.count)
-
-
-def test_inject_hyperparams_class_rejects_stateful_schedule():
-    with pytest.raises(TypeError, match="`learning_rate` is a stateful schedule"):
-        eqopt.InjectHyperparams(
-            eqopt.scale_by_learning_rate, kwargs={"learning_rate": HalveOnIncrease(0.1)}
-        )
+    run_both(tx, reference, steps=4)
 
 
 # ---------------------------------------------------------------------------
@@ -416,17 +368,17 @@ def test_non_numeric_value():
 
 def test_bad_state_hyperparams():
     tx = eqopt.inject_hyperparams(eqopt.scale_by_learning_rate)(0.1)
-    params = _params()
+    params = small_params()
     state = tx.init(params)
     state.hyperparams["learning_rate"] = "fast"
     with pytest.raises(
         TypeError, match="Hyperparameter `learning_rate`.*must be a number"
     ):
-        tx.update(_grads(0), state, params)
+        tx.update(small_grads(0), state, params)
     state = tx.init(params)
     state.hyperparams["lr"] = 0.1
     with pytest.raises(KeyError, match="'lr'"):
-        tx.update(_grads(0), state, params)
+        tx.update(small_grads(0), state, params)
 
 
 def test_schedule_returning_non_numeric():
@@ -448,7 +400,7 @@ def test_elementwise_follows_inner():
 
 def test_vmap_over_initial_value():
     """The injected transform is a pytree: a sweep over a hyperparameter is one vmap."""
-    params, grads = _params(), _grads(0)
+    params, grads = small_params(), small_grads(0)
 
     def run(learning_rate):
         tx = eqopt.inject_hyperparams(eqopt.scale_by_learning_rate)(learning_rate)
@@ -459,28 +411,3 @@ def test_vmap_over_initial_value():
     np.testing.assert_allclose(
         swept, jnp.stack([-0.1 * grads["b"], -0.2 * grads["b"]]), rtol=1e-6
     )
-
-
-@pytest.mark.filterwarnings("ignore:inject_stateful_hyperparams is deprecated")
-def test_wrapped_schedule_matches_optax():
-    """`WrappedSchedule` is Optax's: a plain schedule made stateful, counting its own steps."""
-    import optax
-
-    schedule = lambda count: 0.1 / (1.0 + count)  # noqa: E731
-    params = {"w": jnp.arange(3.0)}
-    grads = {"w": jnp.array([1.0, -2.0, 0.5])}
-    ours = eqopt.inject_stateful_hyperparams(eqopt.scale_by_learning_rate)(
-        learning_rate=eqopt.WrappedSchedule(schedule)
-    )
-    theirs = optax.inject_stateful_hyperparams(optax.scale_by_learning_rate)(
-        learning_rate=optax.WrappedSchedule(schedule)
-    )
-    state, reference_state = ours.init(params), theirs.init(params)
-    for _ in range(4):
-        updates, state = ours.update(grads, state, params)
-        reference_updates, reference_state = theirs.update(
-            grads, reference_state, params
-        )
-        np.testing.assert_allclose(updates["w"], reference_updates["w"], rtol=1e-6)
-    wrapped = eqopt.WrappedSchedule(schedule)
-    assert float(wrapped(wrapped.update(wrapped.init()))) == pytest.approx(0.05)

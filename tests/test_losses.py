@@ -2,19 +2,16 @@
 
 Optax is the numerical oracle: every case calls the same-named function from
 `optax.losses` and `eqopt.losses` on the same fixed random inputs, and the
-generic tests compare the values and the gradients of the summed loss with
-respect to the floating inputs. Further tests cover the edges (probabilities of
-exactly 0 or 1, `-inf` logits, all-padding labels, empty `where` masks), bad
-inputs, the documented differences from Optax, and the docstrings.
+generic tests here compare the values and the gradients of the summed loss with
+respect to the floating inputs. The cases (`LOSS_CASES`) live beside each
+submodule's own tests, in `test_losses_<submodule>.py`: the edges
+(probabilities of exactly 0 or 1, `-inf` logits, all-padding labels, empty
+`where` masks), bad inputs and documented differences from Optax. Tests that
+span several submodules are here, with the docstring checks.
 """
 
-import dataclasses
-import functools
 import inspect
-import math
 import warnings
-from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,20 +19,33 @@ import jaxtyping
 import numpy as np
 import optax
 import pytest
+import test_losses_classification
+import test_losses_ctc
+import test_losses_divergence
+import test_losses_fenchel_young
+import test_losses_ranking
+import test_losses_regression
+import test_losses_segmentation
+import test_losses_self_supervised
 from helpers import assert_tree_allclose
+from loss_helpers import (
+    EXTREME_LABELS,
+    EXTREME_LOGITS,
+    MASKED_LABELS,
+    MASKED_LOGITS,
+    Case,
+    _binary_segmentation_inputs,
+    _finite_value_and_grads,
+    _jit,
+    _logits_and_indices,
+    _normal,
+    _segmentation_inputs,
+    _softmax_np,
+    _triplet_inputs,
+)
 
 import eqopt.losses as losses
 from eqopt.losses._utils import ShapeMismatchError
-
-# The tests compile many small graphs, for which XLA's backend optimisations cost
-# far more time than they save.
-_jit = functools.partial(
-    jax.jit,
-    compiler_options={
-        "xla_backend_optimization_level": 0,
-        "xla_llvm_disable_expensive_passes": True,
-    },
-)
 
 PUBLIC_NAMES = (
     "l2_loss",
@@ -72,503 +82,22 @@ PUBLIC_NAMES = (
     "multiclass_generalized_dice_loss",
 )
 
-# ---------------------------------------------------------------------------
-# Input builders. Each takes a key and returns the positional arguments.
-#
-# Random numbers come from `jax.random.key(seed)`, drawn as one fixed-size pool
-# (so the random kernel compiles once, not once per shape) and shaped in NumPy.
 
-_POOL_SIZE = 256
-
-
-def _pool(key, kind: str) -> np.ndarray:
-    draw = jax.random.normal if kind == "normal" else jax.random.uniform
-    return np.asarray(draw(key, (_POOL_SIZE,)), np.float32)
-
-
-def _split(key, num=2):
-    return jax.random.split(key, num)
-
-
-def _normal(key, shape, scale=1.0):
-    return jnp.asarray(scale * _pool(key, "normal")[: math.prod(shape)].reshape(shape))
-
-
-def _uniform_np(key, shape) -> np.ndarray:
-    return _pool(key, "uniform")[: math.prod(shape)].reshape(shape)
-
-
-def _randint_np(key, shape, low, high) -> np.ndarray:
-    return (low + np.floor(_uniform_np(key, shape) * (high - low))).astype(np.int32)
-
-
-def _softmax_np(x, axis=-1) -> np.ndarray:
-    x = np.asarray(x, np.float64)
-    e = np.exp(x - x.max(axis=axis, keepdims=True))
-    return (e / e.sum(axis=axis, keepdims=True)).astype(np.float32)
-
-
-def _one_hot_np(indices, num_classes) -> np.ndarray:
-    return np.eye(num_classes, dtype=np.float32)[indices]
-
-
-def _regression(shape=(3, 4), scale=1.0):
-    def make(key):
-        k1, k2 = _split(key)
-        return _normal(k1, shape, scale), _normal(k2, shape, scale)
-
-    return make
-
-
-def _logits_and_distribution(shape=(3, 5), axis=-1):
-    def make(key):
-        k1, k2 = _split(key)
-        distribution = _softmax_np(_normal(k2, shape), axis=axis)
-        return _normal(k1, shape, 2.0), jnp.asarray(distribution)
-
-    return make
-
-
-def _logits_and_indices(logits_shape, labels_shape, num_classes):
-    def make(key):
-        k1, k2 = _split(key)
-        labels = _randint_np(k2, labels_shape, 0, num_classes)
-        return _normal(k1, logits_shape, 2.0), jnp.asarray(labels)
-
-    return make
-
-
-def _logits_and_binary(shape=(3, 4), soft=True, integer=False, signed=False):
-    def make(key):
-        k1, k2 = _split(key)
-        labels = _uniform_np(k2, shape)
-        if not soft:
-            labels = np.round(labels)
-            if signed:
-                labels = 2 * labels - 1
-            if integer:
-                labels = labels.astype(np.int32)
-        return _normal(k1, shape, 2.0), jnp.asarray(labels)
-
-    return make
-
-
-def _log_predictions_and_targets(shape=(3, 5), normalised=True):
-    def make(key):
-        k1, k2 = _split(key)
-        if normalised:
-            log_predictions = np.log(_softmax_np(_normal(k1, shape)))
-            return jnp.asarray(log_predictions), jnp.asarray(
-                _softmax_np(_normal(k2, shape))
-            )
-        targets = np.exp(np.asarray(_normal(k2, shape, 0.5)))
-        return _normal(k1, shape, 0.5), jnp.asarray(targets)
-
-    return make
-
-
-def _log_predictions_and_log_targets(key):
-    k1, k2 = _split(key)
-    return (
-        jnp.asarray(np.log(_softmax_np(_normal(k1, (3, 5))))),
-        jnp.asarray(np.log(_softmax_np(_normal(k2, (3, 5))))),
-    )
-
-
-def _smooth_inputs(key):
-    return jnp.asarray(_one_hot_np(_randint_np(key, (3,), 0, 4), 4)), 0.1
-
-
-def _ctc_inputs(key):
-    batch, time, classes, num_labels = 3, 6, 4, 3
-    k1, k2 = _split(key)
-    logits = _normal(k1, (batch, time, classes))
-    labels = _randint_np(k2, (batch, num_labels), 1, classes)
-    labels[1, 1] = labels[1, 0]  # a repeated label
-    logit_paddings = np.array([[0.0] * 6, [0.0] * 5 + [1.0], [0.0] * 4 + [1.0] * 2])
-    label_paddings = np.array([[0.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 1.0, 1.0]])
-    return (
-        logits,
-        jnp.asarray(logit_paddings, jnp.float32),
-        jnp.asarray(labels),
-        jnp.asarray(label_paddings, jnp.float32),
-    )
-
-
-def _ntxent_inputs(key):
-    return _normal(key, (7, 3)), jnp.array([0, 0, 0, 1, 1, 2, 3])
-
-
-def _triplet_inputs(shape=(4, 3)):
-    def make(key):
-        k1, k2, k3 = _split(key, 3)
-        anchors = np.asarray(_normal(k1, shape))
-        positives = anchors + np.asarray(_normal(k2, shape, 0.5))
-        return jnp.asarray(anchors), jnp.asarray(positives), _normal(k3, shape)
-
-    return make
-
-
-def _ranking_inputs(key):
-    k1, k2 = _split(key)
-    labels = _randint_np(k2, (3, 5), 0, 3).astype(np.float32)
-    return _normal(k1, (3, 5)), jnp.asarray(labels)
-
-
-def _segmentation_inputs(shape=(2, 3, 3, 3), probabilities=False):
-    def make(key):
-        k1, k2 = _split(key)
-        predictions = _normal(k1, shape)
-        if probabilities:
-            predictions = jnp.asarray(_softmax_np(predictions, axis=-1))
-        classes = _randint_np(k2, shape[:-1], 0, shape[-1])
-        return predictions, jnp.asarray(_one_hot_np(classes, shape[-1]))
-
-    return make
-
-
-def _binary_segmentation_inputs(shape):
-    def make(key):
-        k1, k2 = _split(key)
-        return _normal(k1, shape), jnp.asarray(np.round(_uniform_np(k2, shape)))
-
-    return make
-
-
-# ---------------------------------------------------------------------------
-# The registry.
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    #: Test id.
-    id: str
-    #: The function's name in both `optax.losses` and `eqopt.losses`.
-    name: str
-    #: key -> positional arguments.
-    inputs: Callable[[Any], tuple]
-    #: Keyword arguments for both calls; a callable gets the positional arguments.
-    kwargs: dict | Callable[[tuple], dict] = dataclasses.field(default_factory=dict)
-    #: Positions of the arguments to differentiate; `None`: every floating one.
-    grad_argnums: tuple[int, ...] | None = None
-    #: Turns the namespace's function into the loss to call (for factories).
-    build: Callable[[Callable], Callable] | None = None
-    rtol: float = 1e-5
-    atol: float = 1e-6
-    grad_rtol: float = 1e-4
-    grad_atol: float = 1e-5
-    #: Optax's gradient has NaNs here (ours must be finite); compared elsewhere.
-    optax_nan_gradient: bool = False
-    #: Whether Optax's function can be jitted.
-    jit: bool = True
-
-
-def _with_where(make_where):
-    return lambda args: {"where": make_where(args)}
-
-
-# Drawn now: masks are built inside `jit`, where random numbers would be traced.
-_WHERE_POOL = _pool(jax.random.key(99), "uniform")
-
-
-def _full_where(args):
-    """A mask of the first argument's shape selecting about 2/3 of the entries,
-    at least one per row."""
-    shape = jnp.shape(args[0])
-    mask = _WHERE_POOL[: math.prod(shape)].reshape(shape) < 0.66
-    mask[..., 0] = True
-    return jnp.asarray(mask)
-
-
-def _row_where(args):
-    shape = jnp.shape(args[0])[:-1]
-    return jnp.asarray(np.arange(math.prod(shape)).reshape(shape) % 2 == 0)
-
-
-def _fenchel_young(factory):
-    return factory(jax.nn.logsumexp)
-
-
+# Every submodule's cases, in the order of the package (a case's inputs are drawn
+# from its position in this list).
 CASES = [
-    # Regression.
-    Case("l2_loss", "l2_loss", _regression()),
-    Case("l2_loss-no-targets", "l2_loss", lambda k: (_normal(k, (3, 4)),)),
-    Case("squared_error", "squared_error", _regression()),
-    Case("huber_loss-delta", "huber_loss", _regression(scale=2.0), {"delta": 0.5}),
-    Case("log_cosh", "log_cosh", _regression(scale=5.0)),
-    Case("cosine_similarity", "cosine_similarity", _regression()),
-    Case(
-        "cosine_similarity-epsilon-axis0",
-        "cosine_similarity",
-        _regression(scale=0.2),
-        {"epsilon": 0.3, "axis": 0},
-    ),
-    Case(
-        "cosine_similarity-where",
-        "cosine_similarity",
-        _regression(),
-        _with_where(_full_where),
-    ),
-    Case("cosine_distance-axis-none", "cosine_distance", _regression(), {"axis": None}),
-    Case(
-        "cosine_distance-where-axes",
-        "cosine_distance",
-        _regression((2, 3, 4)),
-        lambda args: {"where": _full_where(args), "axis": (0, 2)},
-    ),
-    # Classification.
-    Case("softmax_cross_entropy", "softmax_cross_entropy", _logits_and_distribution()),
-    Case(
-        "softmax_cross_entropy-axes",
-        "softmax_cross_entropy",
-        _logits_and_distribution((2, 3, 4), axis=(0, 2)),
-        {"axis": (0, 2)},
-    ),
-    Case(
-        "softmax_cross_entropy-axis-none",
-        "softmax_cross_entropy",
-        _logits_and_distribution(axis=None),
-        {"axis": None},
-    ),
-    # Optax's gradient with respect to the labels of left-out classes is NaN.
-    Case(
-        "softmax_cross_entropy-where",
-        "softmax_cross_entropy",
-        _logits_and_distribution(),
-        _with_where(_full_where),
-        optax_nan_gradient=True,
-    ),
-    Case(
-        "softmax_cross_entropy-where-rows",
-        "softmax_cross_entropy",
-        _logits_and_distribution(),
-        _with_where(_row_where),
-        optax_nan_gradient=True,
-    ),
-    Case(
-        "softmax_cross_entropy_with_integer_labels",
-        "softmax_cross_entropy_with_integer_labels",
-        _logits_and_indices((2, 3, 5), (2, 3), 5),
-    ),
-    Case(
-        "softmax_cross_entropy_with_integer_labels-axis0",
-        "softmax_cross_entropy_with_integer_labels",
-        _logits_and_indices((5, 3), (3,), 5),
-        {"axis": 0},
-    ),
-    Case(  # A label is a row-major index into the slice, axes in the order given.
-        "softmax_cross_entropy_with_integer_labels-axes",
-        "softmax_cross_entropy_with_integer_labels",
-        _logits_and_indices((2, 3, 4), (3,), 8),
-        {"axis": (2, 0)},
-    ),
-    Case(
-        "softmax_cross_entropy_with_integer_labels-where",
-        "softmax_cross_entropy_with_integer_labels",
-        _logits_and_indices((3, 5), (3,), 5),
-        _with_where(_full_where),
-    ),
-    Case(
-        "softmax_cross_entropy_with_integer_labels-where-rows",
-        "softmax_cross_entropy_with_integer_labels",
-        _logits_and_indices((4, 5), (4,), 5),
-        _with_where(_row_where),
-    ),
-    Case(
-        "safe_softmax_cross_entropy",
-        "safe_softmax_cross_entropy",
-        _logits_and_distribution((2, 2, 4)),
-    ),
-    Case(
-        "sigmoid_binary_cross_entropy",
-        "sigmoid_binary_cross_entropy",
-        _logits_and_binary(),
-    ),
-    Case(
-        "sigmoid_binary_cross_entropy-int",
-        "sigmoid_binary_cross_entropy",
-        _logits_and_binary(soft=False, integer=True),
-    ),
-    Case("sigmoid_focal_loss", "sigmoid_focal_loss", _logits_and_binary()),
-    Case(
-        "sigmoid_focal_loss-int-alpha-gamma",
-        "sigmoid_focal_loss",
-        _logits_and_binary(soft=False, integer=True),
-        {"alpha": 0.25, "gamma": 0.5},
-    ),
-    Case(
-        "poly_loss_cross_entropy",
-        "poly_loss_cross_entropy",
-        _logits_and_distribution(),
-    ),
-    Case(
-        "poly_loss_cross_entropy-where-epsilon-axis0",
-        "poly_loss_cross_entropy",
-        _logits_and_distribution(axis=0),
-        lambda args: {"where": _full_where(args), "epsilon": -1.0, "axis": 0},
-        optax_nan_gradient=True,
-    ),
-    Case("smooth_labels", "smooth_labels", _smooth_inputs),
-    Case("smooth_labels-axis0", "smooth_labels", _smooth_inputs, {"axis": 0}),
-    Case(
-        "hinge_loss",
-        "hinge_loss",
-        _logits_and_binary(soft=False, signed=True, integer=True),
-    ),
-    Case(
-        "perceptron_loss",
-        "perceptron_loss",
-        _logits_and_binary(soft=False, signed=True),
-    ),
-    Case(
-        "multiclass_hinge_loss",
-        "multiclass_hinge_loss",
-        _logits_and_indices((2, 3, 5), (2, 3), 5),
-    ),
-    Case(
-        "multiclass_perceptron_loss",
-        "multiclass_perceptron_loss",
-        _logits_and_indices((4, 5), (4,), 5),
-    ),
-    Case(
-        "sparsemax_loss",
-        "sparsemax_loss",
-        lambda k: (_normal(k, (4, 5), 1.5), jnp.arange(20).reshape(4, 5) % 2),
-    ),
-    Case(  # Optax's supports a single batch axis only.
-        "multiclass_sparsemax_loss",
-        "multiclass_sparsemax_loss",
-        _logits_and_indices((6, 5), (6,), 5),
-    ),
-    Case(
-        "make_fenchel_young_loss",
-        "make_fenchel_young_loss",
-        _logits_and_distribution((2, 3, 4)),
-        build=_fenchel_young,
-    ),
-    # Divergences.
-    Case("kl_divergence", "kl_divergence", _log_predictions_and_targets()),
-    Case(
-        "kl_divergence-where-axis-none",
-        "kl_divergence",
-        _log_predictions_and_targets(),
-        lambda args: {"where": _full_where(args), "axis": None},
-    ),
-    Case(
-        "kl_divergence_with_log_targets-where",
-        "kl_divergence_with_log_targets",
-        _log_predictions_and_log_targets,
-        _with_where(_full_where),
-    ),
-    Case(
-        "generalized_kl_divergence",
-        "generalized_kl_divergence",
-        _log_predictions_and_targets(normalised=False),
-    ),
-    Case(
-        "generalized_kl_divergence-where-axis0",
-        "generalized_kl_divergence",
-        _log_predictions_and_targets(normalised=False),
-        lambda args: {"where": _full_where(args), "axis": 0},
-    ),
-    Case(
-        "convex_kl_divergence",
-        "convex_kl_divergence",
-        _log_predictions_and_targets(normalised=False),
-    ),
-    # Sequences.
-    Case(
-        "ctc_loss-blank-epsilon",
-        "ctc_loss",
-        _ctc_inputs,
-        {"blank_id": 2, "log_epsilon": -1e4},
-        grad_argnums=(0,),
-    ),
-    Case(
-        "ctc_loss_with_forward_probs",
-        "ctc_loss_with_forward_probs",
-        _ctc_inputs,
-        grad_argnums=(0,),
-    ),
-    # Self-supervised and ranking.
-    Case("ntxent", "ntxent", _ntxent_inputs, {"temperature": 0.5}),
-    Case("triplet_margin_loss", "triplet_margin_loss", _triplet_inputs()),
-    Case(
-        "triplet_margin_loss-degree4-axis0",
-        "triplet_margin_loss",
-        _triplet_inputs((3, 4)),
-        {"norm_degree": 4, "margin": 0.5, "axis": 0, "eps": 1e-3},
-    ),
-    Case("ranking_softmax_loss", "ranking_softmax_loss", _ranking_inputs),
-    Case(
-        "ranking_softmax_loss-weights-unreduced",
-        "ranking_softmax_loss",
-        _ranking_inputs,
-        lambda args: {"weights": jnp.exp(args[0]), "reduce_fn": None},
-    ),
-    Case(  # Optax's gradient wrt the labels of left-out items is NaN.
-        "ranking_softmax_loss-where-weights-sum",
-        "ranking_softmax_loss",
-        _ranking_inputs,
-        lambda args: {
-            "where": _full_where(args).at[1].set(False),
-            "weights": jnp.exp(args[0]),
-            "reduce_fn": jnp.sum,
-        },
-        optax_nan_gradient=True,
-    ),
-    Case(
-        "ranking_softmax_loss-where-mean",
-        "ranking_softmax_loss",
-        _ranking_inputs,
-        lambda args: {"where": _full_where(args).at[1].set(False)},
-    ),
-    # Segmentation.
-    Case("dice_loss", "dice_loss", _segmentation_inputs()),
-    Case(
-        "dice_loss-none-tversky",
-        "dice_loss",
-        _segmentation_inputs(),
-        {"reduction": "none", "alpha": 0.3, "beta": 0.7, "smooth": 0.5},
-    ),
-    Case(
-        "dice_loss-weights-sum-background",
-        "dice_loss",
-        _segmentation_inputs(),
-        {
-            "class_weights": jnp.array([1.0, 2.0, 3.0]),
-            "reduction": "sum",
-            "ignore_background": True,
-        },
-    ),
-    Case(  # Optax checks the probabilities by value, so it cannot be jitted.
-        "dice_loss-probabilities-axis",
-        "dice_loss",
-        _segmentation_inputs(probabilities=True),
-        {"apply_softmax": False, "axis": (1,)},
-        jit=False,
-    ),
-    Case("dice_loss-single-class", "dice_loss", _binary_segmentation_inputs((2, 3, 1))),
-    Case(
-        "binary_dice_loss", "binary_dice_loss", _binary_segmentation_inputs((2, 3, 3))
-    ),
-    Case(
-        "binary_dice_loss-class-axis",
-        "binary_dice_loss",
-        _binary_segmentation_inputs((2, 3, 1)),
-        {"smooth": 0.1},
-    ),
-    Case(
-        "multiclass_generalized_dice_loss",
-        "multiclass_generalized_dice_loss",
-        _segmentation_inputs(),
-    ),
-    Case(
-        "multiclass_generalized_dice_loss-background",
-        "multiclass_generalized_dice_loss",
-        _segmentation_inputs((2, 4, 3)),
-        {"ignore_background": True, "smooth": 0.5},
-    ),
+    case
+    for module in (
+        test_losses_regression,
+        test_losses_classification,
+        test_losses_fenchel_young,
+        test_losses_divergence,
+        test_losses_ctc,
+        test_losses_self_supervised,
+        test_losses_ranking,
+        test_losses_segmentation,
+    )
+    for case in module.LOSS_CASES
 ]
 
 _ids = [case.id for case in CASES]
@@ -700,55 +229,8 @@ def test_jit_and_vmap():
     assert_tree_allclose(mapped, expected)
 
 
-def test_fenchel_young_loss_is_a_module():
-    first = losses.make_fenchel_young_loss(jax.nn.logsumexp)
-    second = losses.make_fenchel_young_loss(jax.nn.logsumexp)
-    assert first == second and hash(first) == hash(second)
-    scores = jnp.array([[1.0, 2.0, 0.5]])
-    targets = jnp.array([[0.0, 1.0, 0.0]])
-    assert_tree_allclose(
-        first(scores, targets), losses.softmax_cross_entropy(scores, targets)
-    )
-    with pytest.raises(ValueError, match="must map a vector to a scalar"):
-        losses.make_fenchel_young_loss(lambda x: x)(scores, targets)
-
-
 # ---------------------------------------------------------------------------
-# Edges: finite values and gradients.
-
-
-def _finite_value_and_grads(fn, *args, argnums=0):
-    """`fn(*args)` and the gradient of its sum (one `jit`), both checked finite."""
-
-    def summed(*a):
-        value = fn(*a)
-        return jnp.sum(value), value
-
-    (_, value), grads = _jit(jax.value_and_grad(summed, argnums=argnums, has_aux=True))(
-        *args
-    )
-    for leaf in jax.tree.leaves((value, grads)):
-        assert jnp.all(jnp.isfinite(leaf)), (value, grads)
-    return value, grads
-
-
-MASKED_LOGITS = jnp.array([[1.0, 2.0, -jnp.inf], [0.5, -1.0, 2.0]])
-MASKED_LABELS = jnp.array([[0.3, 0.7, 0.0], [0.0, 1.0, 0.0]])
-
-
-@pytest.mark.parametrize(
-    "name",
-    ["softmax_cross_entropy", "safe_softmax_cross_entropy", "poly_loss_cross_entropy"],
-)
-def test_minus_inf_logits_with_zero_label(name):
-    fn = getattr(losses, name)
-    value, grads = _finite_value_and_grads(
-        fn, MASKED_LOGITS, MASKED_LABELS, argnums=(0, 1)
-    )
-    assert grads[0][0, 2] == 0
-    # The masked class changes nothing: same as dropping it.
-    dropped = _jit(fn)(MASKED_LOGITS[:1, :2], MASKED_LABELS[:1, :2])
-    assert_tree_allclose(value[0], dropped[0])
+# Edges and differences spanning several submodules.
 
 
 def test_minus_inf_logits_integer_labels_and_ranking():
@@ -766,54 +248,6 @@ def test_minus_inf_logits_integer_labels_and_ranking():
         MASKED_LABELS,
         argnums=(0, 1),
     )
-
-
-EXTREME_LOGITS = jnp.array([jnp.inf, -jnp.inf, 50.0, -50.0, 0.0])
-EXTREME_LABELS = jnp.array([1.0, 0.0, 1.0, 0.0, 1.0])
-
-
-@pytest.mark.parametrize(
-    "fn",
-    [
-        losses.sigmoid_binary_cross_entropy,
-        losses.sigmoid_focal_loss,
-        lambda x, y: losses.sigmoid_focal_loss(x, y, gamma=0.5, alpha=0.25),
-        lambda x, y: losses.sigmoid_focal_loss(x, y, gamma=0.0),
-        lambda x, y: losses.sparsemax_loss(x, y.astype(jnp.int32)),
-    ],
-    ids=["bce", "focal", "focal-gamma0.5", "focal-gamma0", "sparsemax"],
-)
-def test_saturated_binary_predictions(fn):
-    value, _ = _finite_value_and_grads(fn, EXTREME_LOGITS, EXTREME_LABELS)
-    assert_tree_allclose(value[:4], jnp.zeros(4))
-
-
-def test_focal_gamma_zero_is_cross_entropy():
-    logits, labels = _logits_and_binary()(jax.random.key(0))
-    assert_tree_allclose(
-        losses.sigmoid_focal_loss(logits, labels, gamma=0.0),
-        losses.sigmoid_binary_cross_entropy(logits, labels),
-    )
-
-
-@pytest.mark.parametrize(
-    "fn",
-    [
-        losses.kl_divergence,
-        losses.generalized_kl_divergence,
-        losses.convex_kl_divergence,
-        losses.kl_divergence_with_log_targets,
-    ],
-    ids=["kl", "generalized", "convex", "log-targets"],
-)
-def test_zero_targets_in_divergences(fn):
-    log_predictions = jnp.array([[jnp.log(0.4), jnp.log(0.6), -jnp.inf]])
-    targets = jnp.array([[0.5, 0.5, 0.0]])
-    if fn is losses.kl_divergence_with_log_targets:
-        targets = jnp.log(targets)
-    value, _ = _finite_value_and_grads(fn, log_predictions, targets, argnums=(0, 1))
-    expected = 0.5 * jnp.log(0.5 / 0.4) + 0.5 * jnp.log(0.5 / 0.6)
-    assert_tree_allclose(value, jnp.array([expected]))
 
 
 def _empty_where_cases():
@@ -861,62 +295,6 @@ def test_where_selecting_nothing(name, args, kwargs):
     )
 
 
-def test_smooth_labels_where_selecting_nothing():
-    labels = jnp.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
-    where = jnp.array([[True, True, False], [False, False, False]])
-    smoothed = losses.smooth_labels(labels, 0.1, where=where)
-    assert_tree_allclose(smoothed[0], jnp.array([0.05, 0.95, 0.0]))
-    assert_tree_allclose(smoothed[1], labels[1])
-
-
-def test_ctc_padding():
-    logits, logit_paddings, labels, label_paddings = _ctc_inputs(jax.random.key(0))
-
-    def loss(logits, logit_paddings, label_paddings):
-        return losses.ctc_loss(logits, logit_paddings, labels, label_paddings)
-
-    # Labels that are all padding: the probability of blanks on every frame.
-    no_labels = jnp.ones(labels.shape)
-    value, _ = _finite_value_and_grads(loss, logits, logit_paddings, no_labels)
-    log_blank = jax.nn.log_softmax(logits)[..., 0]
-    expected = -jnp.sum(jnp.where(logit_paddings > 0.5, 0, log_blank), axis=1)
-    assert_tree_allclose(value, expected, rtol=1e-5, atol=1e-5)
-    # Frames that are all padding, given as booleans.
-    no_frames = jnp.ones(logits.shape[:2], bool)
-    value, _ = _finite_value_and_grads(loss, logits, no_frames, label_paddings > 0.5)
-    assert_tree_allclose(value, jnp.array([1e5 - np.log(2)] * 3), rtol=1e-6)
-
-
-def test_ctc_against_brute_force():
-    """Sums the probabilities of every alignment of a tiny problem."""
-    import itertools
-
-    logits, _, labels, _ = _ctc_inputs(jax.random.key(3))
-    logits, labels = logits[:1, :4], labels[:1, :2]
-    log_probs = np.asarray(jax.nn.log_softmax(logits[0]), np.float64)
-    target = list(np.asarray(labels[0]))
-    total = 0.0
-    for path in itertools.product(range(logits.shape[-1]), repeat=4):
-        collapsed = [
-            s for i, s in enumerate(path) if s != 0 and (i == 0 or s != path[i - 1])
-        ]
-        if collapsed == target:
-            total += np.exp(sum(log_probs[t, s] for t, s in enumerate(path)))
-    loss = losses.ctc_loss(logits, jnp.zeros((1, 4)), labels, jnp.zeros((1, 2)))
-    assert_tree_allclose(loss, jnp.array([-np.log(total)]), rtol=1e-5)
-
-
-def test_ntxent_edges():
-    embeddings = _normal(jax.random.key(0), (4, 3))
-    loss = _finite_value_and_grads
-
-    value, _ = loss(losses.ntxent, embeddings, jnp.arange(4))  # no positive pair
-    assert value == 0
-    value, _ = loss(losses.ntxent, embeddings, jnp.zeros(4, jnp.int32))  # no negative
-    assert value == 0
-    loss(losses.ntxent, embeddings.at[0].set(0.0), jnp.array([0, 0, 1, 1]))
-
-
 def test_coincident_or_zero_vectors():
     anchors = _normal(jax.random.key(0), (3, 4))
     _finite_value_and_grads(lambda a: losses.triplet_margin_loss(a, a, -a), anchors)
@@ -953,34 +331,34 @@ Z = jnp.zeros
                 Z((2, 3)), jnp.array([0.0, 2.0])
             ),
             _TYPE_ERROR,
-            "parameter 'labels'",
+            "argument `labels`",
         ),
         (
             lambda: losses.softmax_cross_entropy_with_integer_labels(
                 Z((2, 3), jnp.int32), jnp.array([0, 1])
             ),
             _TYPE_ERROR,
-            "parameter 'logits'",
+            "argument `logits`",
         ),
         (
             lambda: losses.multiclass_hinge_loss(Z((2, 4)), Z(2)),
             _TYPE_ERROR,
-            "parameter 'labels'",
+            "argument `labels`",
         ),
         (
             lambda: losses.kl_divergence(Z((2, 3)), Z((2, 3)), where=jnp.ones((2, 3))),
             _TYPE_ERROR,
-            "parameter 'where'",
+            "argument `where`",
         ),
         (
             lambda: losses.ctc_loss(Z((2, 5, 3)), Z((2, 5)), Z((2, 2)), Z((2, 2))),
             _TYPE_ERROR,
-            "parameter 'labels'",
+            "argument `labels`",
         ),
         (
             lambda: losses.dice_loss(Z((2, 3, 3)), Z((2, 3, 3)), reduction=1),
             _TYPE_ERROR,
-            "parameter 'reduction'",
+            "argument `reduction`",
         ),
         # Bad values (shapes that do not agree, unknown choices) are value errors.
         (
@@ -1103,7 +481,7 @@ def test_bad_inputs_raise_under_jit():
     fn = jax.jit(losses.softmax_cross_entropy)
     with pytest.raises(_SHAPE_ERROR, match="`labels`"):
         fn(Z((2, 3)), jnp.array([0, 2]))
-    with pytest.raises(_TYPE_ERROR, match="parameter 'labels'"):
+    with pytest.raises(_TYPE_ERROR, match="argument `labels`"):
         fn(Z((2, 3)), jnp.zeros((2, 3), jnp.int32))
 
 

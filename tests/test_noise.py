@@ -11,8 +11,25 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import ALL_DTYPES, Case
 
 import eqopt
+
+# The generic parity test compares an Equinox model with Optax's dict, whose
+# leaves are in another order, so each leaf gets another key.
+TRANSFORM_CASES = [
+    # noise.py: the generic parity test compares an Equinox model with Optax's
+    # dict, whose leaves are in another order, so each leaf gets another key.
+    Case(
+        "add_noise",
+        lambda: eqopt.add_noise(0.1, 0.55, jax.random.key(0)),
+        lambda: optax.add_noise(0.1, 0.55, jax.random.key(0)),
+        ALL_DTYPES,
+        needs_params=False,
+        random=True,
+        no_parity_reason="random; bit-exact parity on equal trees in test_noise.py",
+    ),
+]
 
 
 def _is_none(x):

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import optax
 import pytest
-from helpers import tree_allclose
+from helpers import filtered, make_mlp, tree_allclose
 
 import eqopt
 import eqopt.projections
@@ -42,15 +42,6 @@ def tree(seed: int, scale: float = 1.0) -> dict:
         "w": scale * jax.random.normal(k1, (3, 2)),
         "b": scale * jax.random.normal(k2, (4,)),
     }
-
-
-@functools.cache
-def make_model(seed: int = 0) -> eqx.nn.MLP:
-    return eqx.nn.MLP(2, 2, 4, 1, key=jax.random.key(seed))
-
-
-def filtered(t: Any) -> Any:
-    return eqx.filter(t, eqx.is_array)
 
 
 def as_dict(t: Any) -> dict:
@@ -300,7 +291,7 @@ MODEL_CASES = [
 
 @pytest.mark.parametrize("case", MODEL_CASES, ids=[c.id for c in MODEL_CASES])
 def test_whole_model(case):
-    model, other = make_model(0), make_model(1)
+    model, other = make_mlp(0), make_mlp(1)
     args = case.args()
     ours_args = tuple(other if isinstance(a, (dict, jax.Array)) else a for a in args)
     # Optax sees the same arrays as a plain dict.
@@ -319,7 +310,7 @@ def test_whole_model(case):
 
 
 def test_box_on_model():
-    model = make_model(0)
+    model = make_mlp(0)
     projected = eqopt.projections.projection_box(model, -0.1, 0.2)
     assert projected.activation is model.activation
     expected = jax.tree.map(lambda t: jnp.clip(t, -0.1, 0.2), filtered(model))
@@ -327,7 +318,7 @@ def test_box_on_model():
 
 
 def test_none_leaves_pass_through():
-    grads = eqx.filter_grad(lambda m: jnp.sum(m(jnp.ones(2))))(make_model(0))
+    grads = eqx.filter_grad(lambda m: jnp.sum(m(jnp.ones(2))))(make_mlp(0))
     for name in [
         "projection_simplex",
         "projection_l2_ball",

@@ -1,10 +1,13 @@
-"""Tests of `eqopt.tree`: parity with `optax.tree`, whole models, `None`, paths, states."""
+"""Tests of `eqopt.tree`'s arithmetic, creation and casting (`eqopt/tree/_math.py`,
+`_creation.py`, `_casting.py`, and the moment helpers it re-exports): parity with
+`optax.tree`, whole models, `None` leaves, empty trees and errors that name paths.
+The state functions are tested in test_tree_state.py."""
 
 import dataclasses
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -12,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import tree_allclose
+from helpers import compare_trees, filtered, make_mlp, tree_allclose
 
 import eqopt
 import eqopt.tree
@@ -47,17 +50,6 @@ def make_tree(seed: int, dtype: Any = jnp.float32, positive: bool = False) -> An
             leaf = jax.random.normal(key, shape).astype(dtype)
         leaves.append(jnp.abs(leaf) + 0.5 if positive else leaf)
     return jax.tree.unflatten(treedef, leaves)
-
-
-@functools.cache
-def make_model(seed: int = 0) -> eqx.nn.MLP:
-    """An MLP: array leaves plus `activation` function leaves and int fields."""
-    return eqx.nn.MLP(2, 2, 8, 2, key=jax.random.key(seed))
-
-
-def filtered(tree: Any) -> Any:
-    """The arrays of a tree, `None` elsewhere: what Optax users pass to Optax."""
-    return eqx.filter(tree, eqx.is_array)
 
 
 x = lambda: make_tree(0)
@@ -180,26 +172,6 @@ CASES = [
 ]
 
 
-def compare(ours: Any, theirs: Any) -> bool:
-    ours = eqopt.tree.unwrap_random_key_data(ours)
-    theirs = optax.tree.unwrap_random_key_data(theirs)
-    if eqx.is_array(theirs) or eqx.is_array(ours):
-        if jnp.shape(ours) != jnp.shape(theirs):
-            return False
-    ours_leaves, ours_def = jax.tree.flatten(ours)
-    theirs_leaves, theirs_def = jax.tree.flatten(theirs)
-    if ours_def != theirs_def:
-        return False
-    for a, b in zip(ours_leaves, theirs_leaves, strict=True):
-        if (
-            eqx.is_array(a)
-            and eqx.is_array(b)
-            and jnp.asarray(a).dtype != jnp.asarray(b).dtype
-        ):
-            return False
-    return tree_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
-
-
 # ---------------------------------------------------------------------------
 # Namespace and signatures
 # ---------------------------------------------------------------------------
@@ -243,7 +215,7 @@ def test_signature_matches_optax(name):
 def test_parity(case):
     ours = getattr(eqopt.tree, case.name)(*case.args(), **case.kwargs)
     theirs = getattr(optax.tree, case.name)(*case.args(), **case.kwargs)
-    assert compare(ours, theirs), (ours, theirs)
+    assert compare_trees(ours, theirs), (ours, theirs)
 
 
 @pytest.mark.parametrize(
@@ -253,7 +225,7 @@ def test_under_jit(name):
     case = next(c for c in CASES if c.name == name)
     args = case.args()
     ours = jax.jit(lambda *a: getattr(eqopt.tree, name)(*a))(*args)
-    assert compare(ours, getattr(optax.tree, name)(*args))
+    assert compare_trees(ours, getattr(optax.tree, name)(*args))
 
 
 def test_add_keeps_dtype_promotion():
@@ -262,7 +234,7 @@ def test_add_keeps_dtype_promotion():
         (eqopt.tree.scale(0.5, bf16), optax.tree.scale(0.5, bf16)),
         (eqopt.tree.add_scale(bf16, 0.5, bf16), optax.tree.add_scale(bf16, 0.5, bf16)),
     ]:
-        assert compare(ours, theirs)
+        assert compare_trees(ours, theirs)
 
 
 # ---------------------------------------------------------------------------
@@ -275,7 +247,7 @@ def _model_args(
 ) -> tuple[tuple, tuple]:
     """The case's arguments with every pytree replaced by a model (ours) or its arrays (Optax's)."""
     ours, theirs = [], []
-    models = iter([model, other, make_model(2)])
+    models = iter([model, other, make_mlp(2, width_size=8, depth=2)])
     for arg in case.args():
         if isinstance(arg, dict):
             m = next(models)
@@ -296,7 +268,10 @@ MODEL_CASES = [
 
 @pytest.mark.parametrize("case", MODEL_CASES, ids=[c.id for c in MODEL_CASES])
 def test_whole_model(case):
-    model, other = make_model(0), make_model(1)
+    model, other = (
+        make_mlp(0, width_size=8, depth=2),
+        make_mlp(1, width_size=8, depth=2),
+    )
     ours_args, theirs_args = _model_args(case, model, other)
     ours = getattr(eqopt.tree, case.name)(*ours_args, **case.kwargs)
     theirs = getattr(optax.tree, case.name)(*theirs_args, **case.kwargs)
@@ -306,9 +281,9 @@ def test_whole_model(case):
         assert ours.final_activation is model.final_activation
         assert ours.width_size == model.width_size
         # ...and the arrays are computed as Optax computes them on the arrays alone.
-        assert compare(filtered(ours), theirs)
+        assert compare_trees(filtered(ours), theirs)
     else:
-        assert compare(ours, theirs)
+        assert compare_trees(ours, theirs)
 
 
 def _grads(model):
@@ -317,7 +292,7 @@ def _grads(model):
 
 
 def test_none_leaves_are_absent():
-    model = make_model(0)
+    model = make_mlp(0, width_size=8, depth=2)
     grads = _grads(model)
     assert grads.activation is None
     # Reductions ignore them.
@@ -375,7 +350,7 @@ def test_non_array_leaves_are_ignored_by_reductions():
 
 
 def test_random_like_on_model_matches_optax_on_arrays():
-    model = make_model(0)
+    model = make_mlp(0, width_size=8, depth=2)
     ours = eqopt.tree.random_like(jax.random.PRNGKey(3), model)
     theirs = optax.tree.random_like(jax.random.PRNGKey(3), filtered(model))
     assert ours.activation is model.activation
@@ -383,9 +358,9 @@ def test_random_like_on_model_matches_optax_on_arrays():
 
 
 def test_allclose_on_models():
-    model = make_model(0)
+    model = make_mlp(0, width_size=8, depth=2)
     assert eqopt.tree.allclose(model, model)
-    assert not eqopt.tree.allclose(model, make_model(1))
+    assert not eqopt.tree.allclose(model, make_mlp(1, width_size=8, depth=2))
     assert not eqopt.tree.allclose(
         model, eqx.tree_at(lambda m: m.activation, model, jnp.tanh)
     )
@@ -436,7 +411,7 @@ def test_structure_error_names_path():
 
 
 def test_structure_error_in_models():
-    model = make_model(0)
+    model = make_mlp(0, width_size=8, depth=2)
     deeper = eqx.nn.MLP(2, 2, 8, 3, key=jax.random.key(0))
     with pytest.raises(ValueError, match=r"<root>.*static fields"):
         eqopt.tree.sub(model, deeper)
@@ -473,242 +448,6 @@ def test_mixed_dtype_error_names_path():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="Unsupported ord"):
         eqopt.tree.norm(x(), ord="fro")
-
-
-# ---------------------------------------------------------------------------
-# get / set / get_all_with_path on eqopt-like Module states
-# ---------------------------------------------------------------------------
-
-
-class AdamLikeState(eqx.Module):
-    count: jax.Array
-    mu: Any
-    nu: Any
-
-
-class InjectLikeState(eqx.Module):
-    count: jax.Array
-    hyperparams: dict
-    inner_state: Any
-
-
-class ChainLikeState(eqx.Module):
-    states: tuple
-
-
-class TraceLikeState(eqx.Module):
-    trace: Any
-
-
-def make_state():
-    model = make_model(0)
-    moments = jax.tree.map(
-        lambda p: jnp.zeros_like(p) if eqx.is_inexact_array(p) else None, model
-    )
-    adam = AdamLikeState(jnp.asarray(3), moments, moments)
-    chain = ChainLikeState((TraceLikeState(moments), adam))
-    return InjectLikeState(
-        jnp.asarray(5),
-        {"learning_rate": jnp.asarray(0.1), "b1": jnp.asarray(0.9)},
-        chain,
-    )
-
-
-def keystrs(found):
-    return [jax.tree_util.keystr(path) for path, _ in found]
-
-
-def test_get_all_with_path():
-    state = make_state()
-    assert keystrs(eqopt.tree.get_all_with_path(state, "count")) == [
-        ".count",
-        ".inner_state.states[1].count",
-    ]
-    assert keystrs(eqopt.tree.get_all_with_path(state, "learning_rate")) == [
-        ".hyperparams['learning_rate']"
-    ]
-    only_inner = eqopt.tree.get_all_with_path(
-        state, "count", lambda path, value: len(path) > 1
-    )
-    assert keystrs(only_inner) == [".inner_state.states[1].count"]
-    assert eqopt.tree.get_all_with_path(state, "absent") == []
-    # Sequence indices are not names.
-    assert eqopt.tree.get_all_with_path([1.0, 2.0], 0) == []
-
-
-def test_get():
-    state = make_state()
-    assert eqopt.tree.get(state, "learning_rate") == 0.1
-    mu = eqopt.tree.get(state, "mu")
-    assert isinstance(mu, eqx.nn.MLP) and mu.activation is None
-    adam = eqopt.tree.get(state, "AdamLikeState")  # by class name
-    assert adam.count == 3
-    assert eqopt.tree.get(state, "count", filtering=lambda path, v: v == 3) == 3
-    assert eqopt.tree.get(state, "absent", default=None) is None
-    assert eqopt.tree.get(state, "absent", 7) == 7
-
-
-def test_get_errors_name_paths():
-    state = make_state()
-    with pytest.raises(
-        KeyError, match=r"2 values.*\.count.*\.inner_state\.states\[1\]\.count"
-    ):
-        eqopt.tree.get(state, "count")
-    # No match gives the default, None unless given, as in Optax.
-    assert eqopt.tree.get(state, "learning_rte") is None
-    assert eqopt.tree.get(state, "learning_rte", default=3) == 3
-
-
-def test_set():
-    state = make_state()
-    new = eqopt.tree.set(state, learning_rate=jnp.asarray(0.01))
-    assert new.hyperparams["learning_rate"] == 0.01
-    assert state.hyperparams["learning_rate"] == 0.1  # the input is not modified
-    assert new.hyperparams["b1"] is state.hyperparams["b1"]
-    assert new.inner_state is state.inner_state  # untouched subtrees are shared
-    new = eqopt.tree.set(state, lambda path, v: len(path) > 1, count=jnp.asarray(0))
-    assert new.count == 5 and eqopt.tree.get(new, "AdamLikeState").count == 0
-    both = eqopt.tree.set(state, count=jnp.asarray(1), b1=jnp.asarray(0.5))
-    assert (
-        both.count == 1
-        and both.inner_state.states[1].count == 1
-        and both.hyperparams["b1"] == 0.5
-    )
-    # A whole Module replaced by class name.
-    new = eqopt.tree.set(state, TraceLikeState=TraceLikeState(None))
-    assert new.inner_state.states[0].trace is None
-    with pytest.raises(KeyError, match="no value under 'absent'"):
-        eqopt.tree.set(state, absent=1)
-
-
-def test_set_outermost_of_nested_matches():
-    tree = {"a": {"a": 1.0, "c": 2.0}}
-    assert eqopt.tree.set(tree, a=7.0) == {"a": 7.0}
-
-
-class OptaxLike(NamedTuple):
-    count: Any
-    hyperparams: Any
-
-
-def test_get_set_parity_with_optax_states():
-    params = {"w": jnp.ones(3), "b": jnp.zeros(2)}
-    opt = optax.inject_hyperparams(optax.adam)(learning_rate=lambda c: 0.1 / (c + 1))
-    state = opt.init(params)
-    for key_name in ["learning_rate", "count", "mu", "ScaleByAdamState"]:
-        ours = [v for _, v in eqopt.tree.get_all_with_path(state, key_name)]
-        theirs = [v for _, v in optax.tree.get_all_with_path(state, key_name)]
-        assert tree_allclose(ours, theirs), key_name
-    is_array = lambda path, value: isinstance(value, jax.Array)
-    assert eqopt.tree.get(state, "learning_rate", filtering=is_array) == optax.tree.get(
-        state, "learning_rate", filtering=is_array
-    )
-    ours = eqopt.tree.set(state, is_array, learning_rate=jnp.asarray(0.5))
-    theirs = optax.tree.set(state, is_array, learning_rate=jnp.asarray(0.5))
-    assert tree_allclose(ours, theirs)
-    nt = OptaxLike(jnp.asarray(1), {"count": jnp.asarray(2)})
-    assert tree_allclose(
-        eqopt.tree.set(nt, count=jnp.asarray(0)),
-        optax.tree.set(nt, count=jnp.asarray(0)),
-    )
-
-
-# ---------------------------------------------------------------------------
-# map_params
-# ---------------------------------------------------------------------------
-
-
-class AdamLike(eqx.Module):
-    """Stands for an eqopt transform: moments with `None` at non-trainable leaves."""
-
-    def init(self, params):
-        moments = jax.tree.map(
-            lambda p: jnp.zeros_like(p) if eqx.is_inexact_array(p) else None, params
-        )
-        return AdamLikeState(jnp.zeros([], jnp.int32), moments, moments)
-
-
-class ChainLike(eqx.Module):
-    parts: tuple
-
-    def init(self, params):
-        return ChainLikeState(tuple(part.init(params) for part in self.parts))
-
-
-class PickyInit(eqx.Module):
-    """An init that inspects the params (as a mask or partition does)."""
-
-    def init(self, params):
-        if not jax.tree.leaves(params):
-            raise ValueError("no parameters")
-        return TraceLikeState(
-            jax.tree.map(lambda p: p if eqx.is_inexact_array(p) else None, params)
-        )
-
-
-def test_map_params_parity_with_optax():
-    params = {"a": jnp.ones(3), "b": jnp.zeros((2, 2))}
-    opt = optax.chain(
-        optax.clip_by_global_norm(1.0), optax.adam(1e-3), optax.add_noise(0.1, 0.5, 0)
-    )
-    state = opt.init(params)
-    specs = jax.tree.map(lambda p: p.shape, params)
-    f = lambda leaf, spec: ("param", spec)
-    ours = eqopt.tree.map_params(
-        opt, f, state, specs, transform_non_params=lambda _: "other"
-    )
-    theirs = optax.tree.map_params(
-        opt, f, state, specs, transform_non_params=lambda _: "other"
-    )
-    assert ours == theirs
-    ours = eqopt.tree.map_params(opt.init, lambda p: 2 * p, state)
-    theirs = optax.tree.map_params(opt.init, lambda p: 2 * p, state)
-    assert compare(ours, theirs)
-
-
-def test_map_params_on_module_state_with_model():
-    model = make_model(0)
-    opt = ChainLike((AdamLike(), AdamLike()))
-    state = jax.tree.map(lambda p: p + 1, opt.init(model))
-    out = eqopt.tree.map_params(
-        opt,
-        lambda leaf, p: leaf.shape == p.shape,
-        state,
-        model,
-        transform_non_params=lambda _: "count",
-    )
-    adam = out.states[1]
-    assert adam.count == "count"
-    assert adam.mu.activation is None  # None stays None; f is not called there
-    assert all(leaf is True for leaf in jax.tree.leaves(adam.nu))
-    assert len(jax.tree.leaves(adam.mu)) == len(jax.tree.leaves(filtered(model)))
-
-
-def test_map_params_by_structure_when_init_inspects_params():
-    model = make_model(0)
-    opt = PickyInit()
-    state = opt.init(model)
-    out = eqopt.tree.map_params(opt, lambda leaf, p: jnp.shape(p), state, model)
-    assert out.trace.layers[0].weight == (8, 2)
-    with pytest.raises(ValueError, match="placeholder failed.*no parameters"):
-        eqopt.tree.map_params(opt, lambda leaf: leaf, state)
-
-
-def test_map_params_state_mismatch():
-    model = make_model(0)
-    state = AdamLike().init(model)
-    with pytest.raises(ValueError, match="differs from `state`"):
-        eqopt.tree.map_params(ChainLike((AdamLike(),)), lambda leaf: leaf, state)
-
-
-def test_map_params_is_leaf():
-    params = {"a": (jnp.ones(2), jnp.ones(3))}
-    opt = AdamLike()
-    state = opt.init(params)
-    out = eqopt.tree.map_params(
-        opt, lambda leaf: len(leaf), state, is_leaf=lambda v: isinstance(v, tuple)
-    )
-    assert out.mu == {"a": 2}
 
 
 def test_type_annotations_are_checked():

@@ -34,6 +34,12 @@ def _second_moment_zeros(params, dtype):
     return zeros_like_trainable(params, dtype)
 
 
+def _check_adam_hyperparameters(module: "ScaleByAdam | ScaleByAmsgrad") -> None:
+    check_decays(module, "b1", "b2")
+    check_hyperparameter("eps", module.eps, low=0.0)
+    check_hyperparameter("eps_root", module.eps_root, low=0.0)
+
+
 class ScaleByAdamState(eqx.Module):
     """The state of [`eqopt.ScaleByAdam`][]: step count and the two moments."""
 
@@ -96,9 +102,7 @@ class ScaleByAdam(AbstractGradientTransformation):
         return True
 
     def __check_init__(self):
-        check_decays(self, "b1", "b2")
-        check_hyperparameter("eps", self.eps, low=0.0)
-        check_hyperparameter("eps_root", self.eps_root, low=0.0)
+        _check_adam_hyperparameters(self)
 
     def init(self, params: Params) -> ScaleByAdamState:
         return ScaleByAdamState(
@@ -208,9 +212,7 @@ class ScaleByAmsgrad(AbstractGradientTransformation):
         return True
 
     def __check_init__(self):
-        check_decays(self, "b1", "b2")
-        check_hyperparameter("eps", self.eps, low=0.0)
-        check_hyperparameter("eps_root", self.eps_root, low=0.0)
+        _check_adam_hyperparameters(self)
 
     def init(self, params: Params) -> ScaleByAmsgradState:
         return ScaleByAmsgradState(

@@ -15,11 +15,13 @@ from .._base import (
     Params,
     Updates,
     as_transform,
+    check_updates,
     is_none,
     leafwise,
 )
 from .._hyper import (
     Scalar,
+    ScalarLike,
     ScalarOrSchedule,
     Schedule,
     as_optional_scalar_or_schedule,
@@ -93,11 +95,23 @@ def init_empty_state(params: Params) -> EmptyState:
     return EmptyState()
 
 
+def _params_like(updates: Updates, params: Params | None) -> Params | None:
+    """The params with `None` where the update is `None` (where a leaf is not trained)."""
+    if params is None:
+        return None
+    check_updates(updates, params)
+    return jax.tree.map(
+        lambda u, p: None if u is None else p, updates, params, is_leaf=is_none
+    )
+
+
 class Stateless(AbstractGradientTransformation):
     """A stateless transform from a function `f(updates, params) -> updates`.
 
     `params` is `None` when `update` is called without params. The function sees
-    the whole trees (with `None` at leaves that are not trained).
+    the whole trees, both with `None` at the leaves that are not trained (an
+    activation function, an integer), so an Optax-style
+    `jax.tree.map(fn, updates, params)` works on a whole Equinox model.
 
     **Arguments:**
 
@@ -120,12 +134,12 @@ class Stateless(AbstractGradientTransformation):
         params: Params | None = None,
         **extra_args: Any,
     ) -> tuple[Updates, EmptyState]:
-        return self.f(updates, params), state
+        return self.f(updates, _params_like(updates, params)), state
 
 
 def stateless(f: Callable[[Updates, Params | None], Updates]) -> Stateless:
     """Optax spelling of [`eqopt.Stateless`][]."""
-    return Stateless(f)
+    return Stateless(f=f)
 
 
 class StatelessWithTreeMap(AbstractGradientTransformation):
@@ -157,13 +171,12 @@ class StatelessWithTreeMap(AbstractGradientTransformation):
     ) -> tuple[Updates, EmptyState]:
         if params is None:
             return leafwise(lambda g: self.f(g, None), updates), state
-        params = jax.tree.map(lambda u, p: p, updates, params, is_leaf=is_none)
-        return leafwise(self.f, updates, params), state
+        return leafwise(self.f, updates, _params_like(updates, params)), state
 
 
 def stateless_with_tree_map(f: Callable[[Array, Any], Array]) -> StatelessWithTreeMap:
     """Optax spelling of [`eqopt.StatelessWithTreeMap`][]."""
-    return StatelessWithTreeMap(f)
+    return StatelessWithTreeMap(f=f)
 
 
 def with_extra_args_support(tx: Any) -> AbstractGradientTransformation:
@@ -224,9 +237,9 @@ class Scale(AbstractGradientTransformation):
         return leafwise(lambda g: _scale_leaf(g, self.step_size), updates), state
 
 
-def scale(step_size: Any) -> Scale:
+def scale(step_size: ScalarLike) -> Scale:
     """Optax spelling of [`eqopt.Scale`][]."""
-    return Scale(step_size)
+    return Scale(step_size=step_size)
 
 
 class ScaleBySchedule(AbstractGradientTransformation):
@@ -239,7 +252,7 @@ class ScaleBySchedule(AbstractGradientTransformation):
     - `step_size_fn`: a schedule, or any callable from the step count to a number.
     """
 
-    step_size_fn: Callable
+    step_size_fn: Schedule
 
     @property
     def elementwise(self) -> bool:
@@ -260,9 +273,9 @@ class ScaleBySchedule(AbstractGradientTransformation):
         return updates, ScaleByScheduleState(count=safe_int32_increment(state.count))
 
 
-def scale_by_schedule(step_size_fn: Callable) -> ScaleBySchedule:
+def scale_by_schedule(step_size_fn: Schedule) -> ScaleBySchedule:
     """Optax spelling of [`eqopt.ScaleBySchedule`][]."""
-    return ScaleBySchedule(step_size_fn)
+    return ScaleBySchedule(step_size_fn=step_size_fn)
 
 
 class ScaleByLearningRate(AbstractGradientTransformation):
@@ -322,4 +335,4 @@ def scale_by_learning_rate(
     learning_rate: ScalarOrSchedule | None = None, *, flip_sign: bool = True
 ) -> ScaleByLearningRate:
     """Optax spelling of [`eqopt.ScaleByLearningRate`][]."""
-    return ScaleByLearningRate(learning_rate, flip_sign=flip_sign)
+    return ScaleByLearningRate(learning_rate=learning_rate, flip_sign=flip_sign)

@@ -13,7 +13,7 @@ from .._base import (
     Updates,
     leafwise,
 )
-from .._hyper import as_scalar, check_hyperparameter
+from .._hyper import ScalarLike, as_scalar, check_hyperparameter
 from .._numerics import global_norm
 
 
@@ -50,9 +50,9 @@ class Clip(AbstractGradientTransformation):
         return leafwise(lambda g: jnp.clip(g, -max_delta, max_delta), updates), state
 
 
-def clip(max_delta: Any) -> Clip:
+def clip(max_delta: ScalarLike) -> Clip:
     """Optax spelling of [`eqopt.Clip`][]."""
-    return Clip(max_delta)
+    return Clip(max_delta=max_delta)
 
 
 class ClipByGlobalNorm(AbstractGradientTransformation):
@@ -102,6 +102,6 @@ class ClipByGlobalNorm(AbstractGradientTransformation):
         return leafwise(rescale, updates), state
 
 
-def clip_by_global_norm(max_norm: Any) -> ClipByGlobalNorm:
+def clip_by_global_norm(max_norm: ScalarLike) -> ClipByGlobalNorm:
     """Optax spelling of [`eqopt.ClipByGlobalNorm`][]."""
-    return ClipByGlobalNorm(max_norm)
+    return ClipByGlobalNorm(max_norm=max_norm)

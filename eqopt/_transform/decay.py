@@ -117,4 +117,4 @@ def add_decayed_weights(
     weight_decay: ScalarOrSchedule = 0.0, mask: FilterSpec | None = None
 ) -> AddDecayedWeights:
     """Optax spelling of [`eqopt.AddDecayedWeights`][]."""
-    return AddDecayedWeights(weight_decay, mask)
+    return AddDecayedWeights(weight_decay=weight_decay, mask=mask)

@@ -4,6 +4,7 @@ from typing import Any, no_type_check
 
 import equinox as eqx
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 from jaxtyping import Array, Float, Int
 
 from .._base import (
@@ -13,8 +14,8 @@ from .._base import (
     leafwise,
     zeros_like_trainable,
 )
-from .._hyper import as_scalar, check_hyperparameter
-from .._numerics import safe_int32_increment
+from .._hyper import ScalarLike, as_scalar, check_decays, check_hyperparameter
+from .._numerics import debias, safe_int32_increment
 
 
 class TraceState(eqx.Module):
@@ -42,7 +43,7 @@ class Trace(AbstractGradientTransformation):
 
     decay: Float[Array, ""] = eqx.field(converter=as_scalar)
     nesterov: bool = eqx.field(default=False, static=True)
-    accumulator_dtype: Any = eqx.field(default=None, static=True)
+    accumulator_dtype: DTypeLike | None = eqx.field(default=None, static=True)
 
     @property
     def elementwise(self) -> bool:
@@ -73,9 +74,13 @@ class Trace(AbstractGradientTransformation):
         return updates, TraceState(trace=trace)
 
 
-def trace(decay: Any, nesterov: bool = False, accumulator_dtype: Any = None) -> Trace:
+def trace(
+    decay: ScalarLike,
+    nesterov: bool = False,
+    accumulator_dtype: DTypeLike | None = None,
+) -> Trace:
     """Optax spelling of [`eqopt.Trace`][]."""
-    return Trace(decay, nesterov, accumulator_dtype)
+    return Trace(decay=decay, nesterov=nesterov, accumulator_dtype=accumulator_dtype)
 
 
 class EmaState(eqx.Module):
@@ -100,16 +105,14 @@ class Ema(AbstractGradientTransformation):
 
     decay: Float[Array, ""] = eqx.field(converter=as_scalar)
     debias: bool = eqx.field(default=True, static=True)
-    accumulator_dtype: Any = eqx.field(default=None, static=True)
+    accumulator_dtype: DTypeLike | None = eqx.field(default=None, static=True)
 
     @property
     def elementwise(self) -> bool:
         return True
 
     def __check_init__(self):
-        check_hyperparameter(
-            "decay", self.decay, low=0.0, high=1.0, high_inclusive=True
-        )
+        check_decays(self, "decay", high_inclusive=True)
 
     def init(self, params: Params) -> EmaState:
         return EmaState(
@@ -132,13 +135,15 @@ class Ema(AbstractGradientTransformation):
         @no_type_check
         def step(g, e):
             new = one_minus_decay * g + decay * e
-            update = new / correction.astype(new.dtype) if self.debias else new
+            update = debias(new, correction) if self.debias else new
             return update, new.astype(e.dtype)
 
         updates, ema = leafwise(step, updates, state.ema, n_out=2)
         return updates, EmaState(count=count, ema=ema)
 
 
-def ema(decay: Any, debias: bool = True, accumulator_dtype: Any = None) -> Ema:
+def ema(
+    decay: ScalarLike, debias: bool = True, accumulator_dtype: DTypeLike | None = None
+) -> Ema:
     """Optax spelling of [`eqopt.Ema`][]."""
-    return Ema(decay, debias, accumulator_dtype)
+    return Ema(decay=decay, debias=debias, accumulator_dtype=accumulator_dtype)

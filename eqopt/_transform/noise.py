@@ -1,16 +1,22 @@
 """Annealed Gaussian gradient noise."""
 
-from typing import Any, no_type_check
+from typing import Any, TypeAlias, no_type_check
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int, Key, UInt32
+from jaxtyping import Array, ArrayLike, Float, Int, Integer, Key, UInt32
 
 from .._base import AbstractGradientTransformation, Params, Updates, is_none
-from .._hyper import as_scalar, check_hyperparameter
+from .._hyper import ScalarLike, as_scalar, check_hyperparameter
 from .._numerics import safe_int32_increment
+
+#: A PRNG key: a typed key (`jax.random.key`), a raw `uint32` key
+#: (`jax.random.PRNGKey`), or an integer seed.
+KeyLike: TypeAlias = (
+    int | Integer[ArrayLike, ""] | Key[Array, ""] | UInt32[Array, " key_data"]
+)
 
 
 @no_type_check
@@ -86,9 +92,9 @@ class AddNoise(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return False
 
-    def __init__(self, eta: Any, gamma: Any, key: Any = 0):
-        self.eta = eta
-        self.gamma = gamma
+    def __init__(self, eta: ScalarLike, gamma: ScalarLike, key: KeyLike = 0):
+        self.eta = as_scalar(eta)
+        self.gamma = as_scalar(gamma)
         self.key, self.key_impl = _key_data_and_impl(key)
 
     def __check_init__(self):
@@ -128,15 +134,24 @@ class AddNoise(AbstractGradientTransformation):
         return new_updates, state
 
 
+def key_or_seed(key: KeyLike | None, seed: int | None) -> KeyLike:
+    """The key given as `key` or as Optax's older `seed` (not both); seed 0 by default."""
+    if seed is not None:
+        if key is not None:
+            raise ValueError("Give only one of `key` and `seed`.")
+        return seed
+    return 0 if key is None else key
+
+
 def add_noise(
-    eta: Any, gamma: Any, key: Any = None, *, seed: int | None = None
+    eta: ScalarLike,
+    gamma: ScalarLike,
+    key: KeyLike | None = None,
+    *,
+    seed: int | None = None,
 ) -> AddNoise:
     """Optax spelling of [`eqopt.AddNoise`][].
 
     `seed` is Optax's older name for an integer `key`; give one or the other.
     """
-    if seed is not None:
-        if key is not None:
-            raise ValueError("Give only one of `key` and `seed`.")
-        key = seed
-    return AddNoise(eta, gamma, 0 if key is None else key)
+    return AddNoise(eta=eta, gamma=gamma, key=key_or_seed(key, seed))

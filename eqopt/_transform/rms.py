@@ -15,7 +15,7 @@ from .._base import (
     leafwise,
     zeros_like_trainable,
 )
-from .._hyper import as_scalar, check_decays, check_hyperparameter
+from .._hyper import ScalarLike, as_scalar, check_decays, check_hyperparameter
 from .._numerics import abs_squared, debias, safe_int32_increment
 
 Moments = Updates
@@ -28,7 +28,12 @@ def _inverse_root(x, eps, eps_in_sqrt):
     return 1 / (jnp.sqrt(x) + eps)
 
 
-@no_type_check
+def _check_rms_hyperparameters(module: "ScaleByRms | ScaleByStddev") -> None:
+    check_decays(module, "decay", high_inclusive=True)
+    check_hyperparameter("eps", module.eps, low=0.0)
+    check_hyperparameter("initial_scale", module.initial_scale, low=0.0)
+
+
 class ScaleByRmsState(eqx.Module):
     """The state of [`eqopt.ScaleByRms`][]: the step count and $v$, the mean square."""
 
@@ -78,9 +83,7 @@ class ScaleByRms(AbstractGradientTransformation):
         return True
 
     def __check_init__(self):
-        check_decays(self, "decay", high_inclusive=True)
-        check_hyperparameter("eps", self.eps, low=0.0)
-        check_hyperparameter("initial_scale", self.initial_scale, low=0.0)
+        _check_rms_hyperparameters(self)
 
     def init(self, params: Params) -> ScaleByRmsState:
         return ScaleByRmsState(
@@ -113,14 +116,20 @@ class ScaleByRms(AbstractGradientTransformation):
 
 
 def scale_by_rms(
-    decay: Any = 0.9,
-    eps: Any = 1e-8,
-    initial_scale: Any = 0.0,
+    decay: ScalarLike = 0.9,
+    eps: ScalarLike = 1e-8,
+    initial_scale: ScalarLike = 0.0,
     eps_in_sqrt: bool = True,
     bias_correction: bool = False,
 ) -> ScaleByRms:
     """Optax spelling of [`eqopt.ScaleByRms`][]."""
-    return ScaleByRms(decay, eps, initial_scale, eps_in_sqrt, bias_correction)
+    return ScaleByRms(
+        decay=decay,
+        eps=eps,
+        initial_scale=initial_scale,
+        eps_in_sqrt=eps_in_sqrt,
+        bias_correction=bias_correction,
+    )
 
 
 class ScaleByStddevState(eqx.Module):
@@ -138,7 +147,7 @@ class ScaleByStddev(AbstractGradientTransformation):
     \begin{aligned}
     m_t &= \rho\, m_{t-1} + (1 - \rho)\, g_t, \qquad m_0 = 0 \\
     v_t &= \rho\, v_{t-1} + (1 - \rho)\, |g_t|^2, \qquad v_0 = v_{\text{init}} \\
-    u_t &= g_t \,/\, \sqrt{\hat v_t - |\hat m_t|^2 + \epsilon}
+    u_t &= g_t \,/\, \sqrt{\max(\hat v_t - |\hat m_t|^2,\ 0) + \epsilon}
     \end{aligned}
     $$
 
@@ -146,6 +155,12 @@ class ScaleByStddev(AbstractGradientTransformation):
     `bias_correction` is set, and $\epsilon$ outside the square root when
     `eps_in_sqrt=False`. Complex updates are supported; $v$ is stored as a real
     array.
+
+    The variance is floored at zero. With bias correction it is exactly zero
+    at the first step ($\hat v_1 = |g_1|^2 = |\hat m_1|^2$), and rounding can
+    make the computed difference negative; Optax then returns NaN for those
+    elements (or not, depending on how $1 - \rho$ rounds), eqopt returns
+    $g_1 / \sqrt{\epsilon}$.
 
     **Arguments:**
 
@@ -171,9 +186,7 @@ class ScaleByStddev(AbstractGradientTransformation):
         return True
 
     def __check_init__(self):
-        check_decays(self, "decay", high_inclusive=True)
-        check_hyperparameter("eps", self.eps, low=0.0)
-        check_hyperparameter("initial_scale", self.initial_scale, low=0.0)
+        _check_rms_hyperparameters(self)
 
     def init(self, params: Params) -> ScaleByStddevState:
         return ScaleByStddevState(
@@ -202,7 +215,9 @@ class ScaleByStddev(AbstractGradientTransformation):
                 mu_hat, nu_hat = debias(new_mu, correction), debias(new_nu, correction)
             else:
                 mu_hat, nu_hat = new_mu, new_nu
-            variance = nu_hat - abs_squared(mu_hat)
+            # Zero in exact arithmetic at the first step with bias correction:
+            # rounding must not make it negative (a NaN under the root).
+            variance = jnp.maximum(nu_hat - abs_squared(mu_hat), 0)
             update = _inverse_root(variance, eps, self.eps_in_sqrt) * g
             return update, new_mu.astype(mu.dtype), new_nu.astype(nu.dtype)
 
@@ -211,14 +226,20 @@ class ScaleByStddev(AbstractGradientTransformation):
 
 
 def scale_by_stddev(
-    decay: Any = 0.9,
-    eps: Any = 1e-8,
-    initial_scale: Any = 0.0,
+    decay: ScalarLike = 0.9,
+    eps: ScalarLike = 1e-8,
+    initial_scale: ScalarLike = 0.0,
     eps_in_sqrt: bool = True,
     bias_correction: bool = False,
 ) -> ScaleByStddev:
     """Optax spelling of [`eqopt.ScaleByStddev`][]."""
-    return ScaleByStddev(decay, eps, initial_scale, eps_in_sqrt, bias_correction)
+    return ScaleByStddev(
+        decay=decay,
+        eps=eps,
+        initial_scale=initial_scale,
+        eps_in_sqrt=eps_in_sqrt,
+        bias_correction=bias_correction,
+    )
 
 
 class ScaleByRssState(eqx.Module):
@@ -288,6 +309,8 @@ class ScaleByRss(AbstractGradientTransformation):
         return updates, ScaleByRssState(sum_of_squares=total)
 
 
-def scale_by_rss(initial_accumulator_value: Any = 0.1, eps: Any = 1e-7) -> ScaleByRss:
+def scale_by_rss(
+    initial_accumulator_value: ScalarLike = 0.1, eps: ScalarLike = 1e-7
+) -> ScaleByRss:
     """Optax spelling of [`eqopt.ScaleByRss`][]."""
-    return ScaleByRss(initial_accumulator_value, eps)
+    return ScaleByRss(initial_accumulator_value=initial_accumulator_value, eps=eps)

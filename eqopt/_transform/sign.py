@@ -4,6 +4,7 @@ from typing import Any, Literal, no_type_check
 
 import equinox as eqx
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 from jaxtyping import Array, Float, Int
 
 from .._base import (
@@ -14,7 +15,7 @@ from .._base import (
     leafwise,
     zeros_like_trainable,
 )
-from .._hyper import as_scalar, check_hyperparameter
+from .._hyper import ScalarLike, as_scalar, check_decays, check_hyperparameter
 from .._numerics import safe_int32_increment
 
 
@@ -107,7 +108,7 @@ class ScaleByLion(AbstractGradientTransformation):
 
     b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
     b2: Float[Array, ""] = eqx.field(default=0.99, converter=as_scalar)
-    mu_dtype: Any = eqx.field(default=None, static=True)
+    mu_dtype: DTypeLike | None = eqx.field(default=None, static=True)
     mode: Literal["hard", "smooth", "refined"] = eqx.field(default="hard", static=True)
     smooth_beta: Float[Array, ""] = eqx.field(default=1.0, converter=as_scalar)
 
@@ -116,10 +117,7 @@ class ScaleByLion(AbstractGradientTransformation):
         return True
 
     def __check_init__(self):
-        for name in ("b1", "b2"):
-            check_hyperparameter(
-                name, getattr(self, name), low=0.0, high=1.0, high_inclusive=True
-            )
+        check_decays(self, "b1", "b2", high_inclusive=True)
         if self.mode not in ("hard", "smooth", "refined"):
             raise ValueError(
                 f"`mode` must be 'hard', 'smooth' or 'refined', got {self.mode!r}."
@@ -162,12 +160,14 @@ class ScaleByLion(AbstractGradientTransformation):
 
 
 def scale_by_lion(
-    b1: Any = 0.9,
-    b2: Any = 0.99,
-    mu_dtype: Any = None,
+    b1: ScalarLike = 0.9,
+    b2: ScalarLike = 0.99,
+    mu_dtype: DTypeLike | None = None,
     *,
     mode: Literal["hard", "smooth", "refined"] = "hard",
-    smooth_beta: Any = 1.0,
+    smooth_beta: ScalarLike = 1.0,
 ) -> ScaleByLion:
     """Optax spelling of [`eqopt.ScaleByLion`][]."""
-    return ScaleByLion(b1, b2, mu_dtype, mode, smooth_beta)
+    return ScaleByLion(
+        b1=b1, b2=b2, mu_dtype=mu_dtype, mode=mode, smooth_beta=smooth_beta
+    )

@@ -8,302 +8,38 @@ current value of every hyperparameter in the *state* instead.
 
 import abc
 import functools
-import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jaxtyping import Array, ArrayLike, Int, PyTree
+from jax.typing import DTypeLike
+from jaxtyping import Array, Int
 
 from .._base import (
     AbstractGradientTransformation,
+    OptState,
     Params,
     Updates,
-    as_transform,
     is_trainable,
 )
-from .._hyper import as_number
+from .._hyper import Schedule
 from .._numerics import safe_int32_increment
-
-# ---------------------------------------------------------------------------
-# Stateful schedules
-# ---------------------------------------------------------------------------
-
-
-class AbstractStatefulSchedule(eqx.Module):
-    """A schedule whose value comes from a state that it updates every step.
-
-    A plain schedule is a function of the step count. A stateful schedule keeps
-    its own state instead, and may use the extra arguments given to `update`
-    (for example `loss=...`) to advance it: a learning rate that halves when
-    the loss stops improving is one. It is used through
-    [`eqopt.inject_stateful_hyperparams`][] (or [`eqopt.inject_hyperparams`][],
-    which switches to it when given one).
-
-    Any object with the three methods below is accepted as a stateful
-    schedule, so one written for Optax's `StatefulSchedule` protocol works
-    unchanged; subclassing this class makes it a Module, with its numeric
-    settings as leaves.
-
-    !!! example
-
-        ```python
-        class HalveOnIncrease(eqopt.AbstractStatefulSchedule):
-            init_value: float
-
-            def init(self):
-                return {"scale": jnp.array(1.0), "best": jnp.array(jnp.inf)}
-
-            def update(self, state, *, loss, **extra_args):
-                worse = loss > state["best"]
-                return {"scale": jnp.where(worse, state["scale"] / 2, state["scale"]),
-                        "best": jnp.minimum(loss, state["best"])}
-
-            def __call__(self, state, **extra_args):
-                return self.init_value * state["scale"]
-
-        opt = eqopt.inject_hyperparams(eqopt.scale_by_learning_rate)(
-            learning_rate=HalveOnIncrease(0.1)
-        )
-        updates, state = opt.update(grads, state, model, loss=loss)
-        ```
-    """
-
-    @abc.abstractmethod
-    def init(self) -> PyTree[Any]:
-        """Builds the schedule's initial state.
-
-        **Returns:** the state, any pytree of arrays.
-        """
-
-    @abc.abstractmethod
-    def update(self, state: PyTree[Any], **extra_args: Any) -> PyTree[Any]:
-        """Advances the state by one step.
-
-        **Arguments:**
-
-        - `state`: the current state.
-        - `**extra_args`: the extra keyword arguments given to the optimiser's
-          `update` (`loss`, `value`...); accept `**extra_args` to ignore them.
-
-        **Returns:** the next state.
-        """
-
-    @abc.abstractmethod
-    def __call__(self, state: PyTree[Any], **extra_args: Any) -> ArrayLike:
-        """The value of the hyperparameter in the given state.
-
-        **Arguments:** as `update`.
-
-        **Returns:** a scalar.
-        """
+from ..schedules._stateful import as_stateful, is_stateful_schedule
+from ._arguments import (
+    bind_arguments,
+    call_factory,
+    check_static_names,
+    factory_name,
+    factory_signature,
+    is_numeric,
+    sorted_arguments,
+    static_names,
+)
 
 
-def _is_stateful_schedule(value: Any) -> bool:
-    if isinstance(value, AbstractStatefulSchedule):
-        return True
-    # Optax's protocol, duck-typed. A class (an eqopt transform class as an
-    # argument, say) has these attributes too but is not a schedule.
-    return (
-        callable(value)
-        and not isinstance(value, type)
-        and callable(getattr(value, "init", None))
-        and callable(getattr(value, "update", None))
-    )
-
-
-class ScheduleCountState(eqx.Module):
-    """The state kept for a plain schedule by [`eqopt.InjectStatefulHyperparams`][]."""
-
-    count: Int[Array, ""]
-
-
-class WrappedSchedule(AbstractStatefulSchedule):
-    """Turns a plain schedule into a stateful one whose state is its step count.
-
-    This is Optax's `WrappedSchedule`: `init()` starts the count at zero,
-    `update(state)` adds one, and `__call__(state)` evaluates the schedule at
-    the count. [`eqopt.inject_stateful_hyperparams`][] wraps plain schedules
-    this way itself; use it directly to mix plain and stateful schedules by hand.
-
-    **Arguments:**
-
-    - `schedule_fn`: a schedule, or any callable of the step count.
-    """
-
-    schedule_fn: Callable[..., Any]
-
-    def init(self) -> ScheduleCountState:
-        return ScheduleCountState(count=jnp.zeros([], jnp.int32))
-
-    def update(
-        self, state: ScheduleCountState, **extra_args: Any
-    ) -> ScheduleCountState:
-        return ScheduleCountState(count=safe_int32_increment(state.count))
-
-    def __call__(self, state: ScheduleCountState, **extra_args: Any) -> Any:
-        return self.schedule_fn(state.count)
-
-
-def _as_stateful(schedule: Any) -> Any:
-    return schedule if _is_stateful_schedule(schedule) else WrappedSchedule(schedule)
-
-
-# ---------------------------------------------------------------------------
-# Sorting the factory's arguments
-# ---------------------------------------------------------------------------
-
-
-def _factory_name(factory: Callable) -> str:
-    return getattr(factory, "__qualname__", None) or type(factory).__name__
-
-
-def _signature(factory: Callable) -> inspect.Signature:
-    if not callable(factory):
-        raise TypeError(
-            f"`inner_factory` must be callable, got {type(factory).__name__}."
-        )
-    try:
-        return inspect.signature(factory)
-    except (TypeError, ValueError) as error:
-        raise TypeError(
-            f"Cannot read the signature of `inner_factory` {_factory_name(factory)}: {error}"
-        ) from None
-
-
-def _static_names(static_args: str | Iterable[str]) -> frozenset[str]:
-    if isinstance(static_args, str):
-        return frozenset({static_args})
-    return frozenset(static_args)
-
-
-def _check_static_names(
-    factory: Callable, signature: inspect.Signature, names: frozenset[str]
-) -> None:
-    if any(
-        p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()
-    ):
-        return
-    unknown = sorted(names - set(signature.parameters))
-    if unknown:
-        raise ValueError(
-            f"`static_args` names {unknown}, which are not arguments of "
-            f"{_factory_name(factory)}; its arguments are {list(signature.parameters)}."
-        )
-
-
-def _is_numeric(value: Any) -> bool:
-    if isinstance(value, (bool, np.bool_)):
-        return False
-    return isinstance(value, (int, float, np.number, np.ndarray, jax.Array))
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _bind(
-    factory: Callable,
-    signature: inspect.Signature,
-    args: tuple,
-    kwargs: Mapping[str, Any],
-) -> dict[str, Any]:
-    """Every argument of the factory by name, defaults included; `**kwargs` entries spread out."""
-    parameters = signature.parameters
-    var_keyword = next(
-        (
-            p.name
-            for p in parameters.values()
-            if p.kind is inspect.Parameter.VAR_KEYWORD
-        ),
-        None,
-    )
-    if var_keyword is None:
-        for name in kwargs:
-            if name not in parameters:
-                raise TypeError(
-                    f"{name!r} is not an argument of {_factory_name(factory)}; its "
-                    f"arguments are {list(parameters)}."
-                )
-    try:
-        bound = signature.bind(*args, **kwargs)
-    except TypeError as error:
-        raise TypeError(
-            f"Cannot call {_factory_name(factory)} with these arguments: {error}."
-        ) from None
-    bound.apply_defaults()
-    arguments = dict(bound.arguments)
-    if var_keyword is not None:
-        arguments.update(arguments.pop(var_keyword))
-    return arguments
-
-
-def _sort_arguments(factory, signature, arguments, static_names, *, allow_stateful):
-    """Splits the arguments into numeric hyperparameters, schedules and the rest."""
-    hyperparams, schedules, other_args = {}, {}, {}
-    parameters = signature.parameters
-    for name, value in arguments.items():
-        if name in static_names or isinstance(value, (bool, np.bool_)):
-            other_args[name] = value
-        elif _is_stateful_schedule(value):
-            if not allow_stateful:
-                raise TypeError(
-                    f"`{name}` is a stateful schedule; use `eqopt.inject_stateful_hyperparams` "
-                    "(or `eqopt.inject_hyperparams`, which switches to it) instead of "
-                    "`InjectHyperparams`."
-                )
-            schedules[name] = value
-        elif callable(value):
-            schedules[name] = value
-        elif _is_numeric(value):
-            hyperparams[name] = as_number(value)
-        else:
-            default = (
-                parameters[name].default
-                if name in parameters
-                else inspect.Parameter.empty
-            )
-            if value is not None and _is_number(default):
-                raise TypeError(
-                    f"Hyperparameter `{name}` of {_factory_name(factory)} must be a number, an "
-                    f"array or a schedule, got {type(value).__name__} {value!r}. (List it in "
-                    "`static_args` if it is meant to be passed through unchanged.)"
-                )
-            other_args[name] = value
-    return hyperparams, schedules, other_args
-
-
-def _call_factory(
-    factory: Callable, arguments: Mapping[str, Any]
-) -> AbstractGradientTransformation:
-    """Calls the factory with arguments given by name (positional-only and `*args` included)."""
-    signature = inspect.signature(factory)
-    parameters = signature.parameters
-    bound = signature.bind_partial()
-    spread = {}
-    var_keyword = None
-    for parameter in parameters.values():
-        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
-            var_keyword = parameter.name
-    for name, value in arguments.items():
-        if name in parameters and name != var_keyword:
-            bound.arguments[name] = value
-        else:
-            spread[name] = value
-    if var_keyword is not None:
-        bound.arguments[var_keyword] = spread
-    return as_transform(factory(*bound.args, **bound.kwargs))
-
-
-# ---------------------------------------------------------------------------
-# Hyperparameter values in the state
-# ---------------------------------------------------------------------------
-
-
-def _hyperparam_dtype(fixed: Any, reference: Any) -> Any:
+def _hyperparam_dtype(fixed: DTypeLike | None, reference: Any) -> DTypeLike:
     """`hyperparam_dtype` if given, else the highest real dtype of the trainable leaves."""
     if fixed is not None:
         return fixed
@@ -320,14 +56,14 @@ def _hyperparam_dtype(fixed: Any, reference: Any) -> Any:
     return dtype
 
 
-def _state_value(name: str, value: Any, dtype: Any, source: str) -> Array:
+def _state_value(name: str, value: Any, dtype: DTypeLike, source: str) -> Array:
     """A hyperparameter value as stored in the state.
 
     A floating value that is not already a strongly-typed JAX array (a Python
     float, a weakly-typed scalar, a NumPy value) is cast to `dtype`; every
     other numeric value is kept as it is.
     """
-    if not _is_numeric(value):
+    if not is_numeric(value):
         raise TypeError(
             f"Hyperparameter `{name}` ({source}) must be a number or a JAX array, got "
             f"{type(value).__name__} {value!r}."
@@ -340,76 +76,94 @@ def _state_value(name: str, value: Any, dtype: Any, source: str) -> Array:
     return array
 
 
-def _check_state_names(transform: Any, hyperparams: Mapping[str, Any]) -> None:
-    expected = set(transform.hyperparams) | set(transform.schedules)
-    given = set(hyperparams)
-    if given == expected:
-        return
-    factory = _factory_name(transform.inner_factory)
-    unknown = sorted(given - expected)
-    if unknown:
-        raise KeyError(
-            f"`state.hyperparams` has {unknown}, which {'is' if len(unknown) == 1 else 'are'} "
-            f"not injected hyperparameters of {factory}; they are {sorted(expected)}."
+class _AbstractInjectHyperparams(AbstractGradientTransformation):
+    """What the two injection wrappers share: sorting the factory's arguments,
+    building the inner transform from values, and reading values back from the
+    state. They differ in how schedules are evaluated (and kept in the state)."""
+
+    inner_factory: Callable[..., Any]
+    hyperparams: dict[str, Array]
+    schedules: dict[str, Schedule]
+    other_args: dict[str, Any]
+    hyperparam_dtype: DTypeLike | None = eqx.field(static=True)
+
+    def _set_arguments(
+        self,
+        inner_factory: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any] | None,
+        static_args: str | Iterable[str],
+        hyperparam_dtype: DTypeLike | None,
+        *,
+        allow_stateful: bool,
+    ) -> None:
+        """The body of the subclasses' `__init__` (which differ in `allow_stateful`)."""
+        self.inner_factory = inner_factory
+        self.hyperparams, self.schedules, self.other_args = sorted_arguments(
+            inner_factory, args, kwargs, static_args, allow_stateful=allow_stateful
         )
-    raise KeyError(
-        f"`state.hyperparams` is missing {sorted(expected - given)} (hyperparameters of {factory})."
-    )
+        self.hyperparam_dtype = hyperparam_dtype
 
+    def __check_init__(self):
+        # Builds the inner transform once from the initial values, so that bad
+        # input fails now rather than at the first `init`.
+        try:
+            self._build(self._initial_values(self._dtype(None))[0])
+        except Exception as error:
+            error.add_note(
+                f"(Raised while building {factory_name(self.inner_factory)} from the "
+                "arguments given to inject_hyperparams.)"
+            )
+            raise
 
-def _check_builds(transform: Any) -> None:
-    """Builds the inner transform once from the initial values, so bad input fails now."""
-    dtype = _hyperparam_dtype(transform.hyperparam_dtype, None)
-    try:
-        transform._build(transform._initial_values(dtype)[0])
-    except Exception as error:
-        error.add_note(
-            f"(Raised while building {_factory_name(transform.inner_factory)} from the "
-            "arguments given to inject_hyperparams.)"
-        )
-        raise
+    @abc.abstractmethod
+    def _initial_values(
+        self, dtype: DTypeLike
+    ) -> tuple[dict[str, Array], dict[str, OptState] | None]:
+        """The values at step 0, and the schedules' states if they keep any."""
 
+    def _dtype(self, reference: Any) -> DTypeLike:
+        return _hyperparam_dtype(self.hyperparam_dtype, reference)
 
-# ---------------------------------------------------------------------------
-# inject_hyperparams
-# ---------------------------------------------------------------------------
+    def _build(self, values: Mapping[str, Any]) -> AbstractGradientTransformation:
+        """The inner transform built with the given hyperparameter values."""
+        return call_factory(self.inner_factory, {**self.other_args, **values})
 
+    def _unscheduled_values(
+        self, hyperparams: Mapping[str, Any], dtype: DTypeLike
+    ) -> dict[str, Array]:
+        """The values in `state.hyperparams` that no schedule overrides, checked and cast."""
+        expected = set(self.hyperparams) | set(self.schedules)
+        given = set(hyperparams)
+        if given != expected:
+            factory = factory_name(self.inner_factory)
+            unknown = sorted(given - expected)
+            if unknown:
+                verb = "is" if len(unknown) == 1 else "are"
+                raise KeyError(
+                    f"`state.hyperparams` has {unknown}, which {verb} not injected "
+                    f"hyperparameters of {factory}; they are {sorted(expected)}."
+                )
+            raise KeyError(
+                f"`state.hyperparams` is missing {sorted(expected - given)} "
+                f"(hyperparameters of {factory})."
+            )
+        return {
+            k: _state_value(k, v, dtype, "in `state.hyperparams`")
+            for k, v in hyperparams.items()
+            if k not in self.schedules
+        }
 
-def _sorted_arguments(
-    inner_factory: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any] | None,
-    static_args: str | Iterable[str],
-    *,
-    allow_stateful: bool,
-) -> tuple[dict[str, Array], dict[str, Callable[..., Any]], dict[str, Any]]:
-    """Binds the factory's arguments and sorts them into hyperparameters, schedules and the rest."""
-    signature = _signature(inner_factory)
-    static_names = _static_names(static_args)
-    _check_static_names(inner_factory, signature, static_names)
-    arguments = _bind(inner_factory, signature, tuple(args), dict(kwargs or {}))
-    return _sort_arguments(
-        inner_factory, signature, arguments, static_names, allow_stateful=allow_stateful
-    )
+    def _fixed_values(self, dtype: DTypeLike) -> dict[str, Array]:
+        return {
+            k: _state_value(k, v, dtype, "initial value")
+            for k, v in self.hyperparams.items()
+        }
 
-
-def _build_inner(
-    transform: Any, values: Mapping[str, Any]
-) -> AbstractGradientTransformation:
-    """The inner transform built with the current hyperparameter values."""
-    return _call_factory(transform.inner_factory, {**transform.other_args, **values})
-
-
-def _unscheduled_values(
-    transform: Any, hyperparams: Mapping[str, Any], dtype: Any
-) -> dict:
-    """The values in `state.hyperparams` that no schedule overrides, checked and cast."""
-    _check_state_names(transform, hyperparams)
-    return {
-        k: _state_value(k, v, dtype, "in `state.hyperparams`")
-        for k, v in hyperparams.items()
-        if k not in transform.schedules
-    }
+    @property
+    def elementwise(self) -> bool:
+        values, _ = self._initial_values(self._dtype(None))
+        return bool(self._build(values).elementwise)
 
 
 class InjectHyperparamsState(eqx.Module):
@@ -427,10 +181,10 @@ class InjectHyperparamsState(eqx.Module):
 
     count: Int[Array, ""]
     hyperparams: dict[str, Array]
-    inner_state: Any
+    inner_state: OptState
 
 
-class InjectHyperparams(AbstractGradientTransformation):
+class InjectHyperparams(_AbstractInjectHyperparams):
     """Keeps the current value of every numeric hyperparameter in the optimiser state.
 
     Optax's `inject_hyperparams`, for code that reads hyperparameters from the
@@ -489,53 +243,38 @@ class InjectHyperparams(AbstractGradientTransformation):
         ```
     """
 
-    inner_factory: Callable[..., Any]
-    hyperparams: dict[str, Array]
-    schedules: dict[str, Callable[..., Any]]
-    other_args: dict[str, Any]
-    hyperparam_dtype: Any = eqx.field(static=True)
-
     def __init__(
         self,
         inner_factory: Callable[..., Any],
         args: tuple[Any, ...] = (),
         kwargs: Mapping[str, Any] | None = None,
         static_args: str | Iterable[str] = (),
-        hyperparam_dtype: Any = None,
+        hyperparam_dtype: DTypeLike | None = None,
     ):
-        self.inner_factory = inner_factory
-        self.hyperparams, self.schedules, self.other_args = _sorted_arguments(
-            inner_factory, args, kwargs, static_args, allow_stateful=False
+        self._set_arguments(
+            inner_factory,
+            args,
+            kwargs,
+            static_args,
+            hyperparam_dtype,
+            allow_stateful=False,
         )
-        self.hyperparam_dtype = hyperparam_dtype
 
-    def __check_init__(self):
-        _check_builds(self)
-
-    def _build(self, values: Mapping[str, Any]) -> AbstractGradientTransformation:
-        return _build_inner(self, values)
-
-    def _initial_values(self, dtype: Any) -> tuple[dict[str, Array], None]:
-        count = jnp.zeros([], jnp.int32)
-        values = {
-            k: _state_value(k, v, dtype, "initial value")
-            for k, v in self.hyperparams.items()
+    def _scheduled_values(self, count: Int[Array, ""], dtype: DTypeLike) -> dict:
+        return {
+            name: _state_value(name, schedule(count), dtype, "value of its schedule")
+            for name, schedule in self.schedules.items()
         }
-        for name, schedule in self.schedules.items():
-            values[name] = _state_value(
-                name, schedule(count), dtype, "value of its schedule"
-            )
-        return values, None
 
-    @property
-    def elementwise(self) -> bool:
-        values, _ = self._initial_values(_hyperparam_dtype(self.hyperparam_dtype, None))
-        return bool(self._build(values).elementwise)
+    def _initial_values(self, dtype: DTypeLike) -> tuple[dict[str, Array], None]:
+        count = jnp.zeros([], jnp.int32)
+        return {
+            **self._fixed_values(dtype),
+            **self._scheduled_values(count, dtype),
+        }, None
 
     def init(self, params: Params) -> InjectHyperparamsState:
-        values, _ = self._initial_values(
-            _hyperparam_dtype(self.hyperparam_dtype, params)
-        )
+        values, _ = self._initial_values(self._dtype(params))
         return InjectHyperparamsState(
             count=jnp.zeros([], jnp.int32),
             hyperparams=values,
@@ -549,14 +288,9 @@ class InjectHyperparams(AbstractGradientTransformation):
         params: Params | None = None,
         **extra_args: Any,
     ) -> tuple[Updates, InjectHyperparamsState]:
-        dtype = _hyperparam_dtype(
-            self.hyperparam_dtype, updates if params is None else params
-        )
-        values = _unscheduled_values(self, state.hyperparams, dtype)
-        for name, schedule in self.schedules.items():
-            values[name] = _state_value(
-                name, schedule(state.count), dtype, "value of its schedule"
-            )
+        dtype = self._dtype(updates if params is None else params)
+        values = self._unscheduled_values(state.hyperparams, dtype)
+        values.update(self._scheduled_values(state.count, dtype))
         updates, inner_state = self._build(values).update(
             updates, state.inner_state, params, **extra_args
         )
@@ -577,11 +311,11 @@ class InjectStatefulHyperparamsState(eqx.Module):
 
     count: Int[Array, ""]
     hyperparams: dict[str, Array]
-    hyperparams_states: dict[str, Any]
-    inner_state: Any
+    hyperparams_states: dict[str, OptState]
+    inner_state: OptState
 
 
-class InjectStatefulHyperparams(AbstractGradientTransformation):
+class InjectStatefulHyperparams(_AbstractInjectHyperparams):
     """Like [`eqopt.InjectHyperparams`][], with schedules that keep a state.
 
     A stateful schedule ([`eqopt.AbstractStatefulSchedule`][], or any object
@@ -614,55 +348,38 @@ class InjectStatefulHyperparams(AbstractGradientTransformation):
         ```
     """
 
-    inner_factory: Callable[..., Any]
-    hyperparams: dict[str, Array]
-    schedules: dict[str, Callable[..., Any]]
-    other_args: dict[str, Any]
-    hyperparam_dtype: Any = eqx.field(static=True)
-
     def __init__(
         self,
         inner_factory: Callable[..., Any],
         args: tuple[Any, ...] = (),
         kwargs: Mapping[str, Any] | None = None,
         static_args: str | Iterable[str] = (),
-        hyperparam_dtype: Any = None,
+        hyperparam_dtype: DTypeLike | None = None,
     ):
-        self.inner_factory = inner_factory
-        self.hyperparams, self.schedules, self.other_args = _sorted_arguments(
-            inner_factory, args, kwargs, static_args, allow_stateful=True
+        self._set_arguments(
+            inner_factory,
+            args,
+            kwargs,
+            static_args,
+            hyperparam_dtype,
+            allow_stateful=True,
         )
-        self.hyperparam_dtype = hyperparam_dtype
 
-    def __check_init__(self):
-        _check_builds(self)
-
-    def _build(self, values: Mapping[str, Any]) -> AbstractGradientTransformation:
-        return _build_inner(self, values)
-
-    def _initial_values(self, dtype: Any) -> tuple[dict[str, Array], dict[str, Any]]:
-        values = {
-            k: _state_value(k, v, dtype, "initial value")
-            for k, v in self.hyperparams.items()
-        }
+    def _initial_values(
+        self, dtype: DTypeLike
+    ) -> tuple[dict[str, Array], dict[str, OptState]]:
+        values = self._fixed_values(dtype)
         schedule_states = {}
         for name, schedule in self.schedules.items():
-            schedule = _as_stateful(schedule)
+            schedule = as_stateful(schedule)
             schedule_states[name] = schedule.init()
             values[name] = _state_value(
                 name, schedule(schedule_states[name]), dtype, "value of its schedule"
             )
         return values, schedule_states
 
-    @property
-    def elementwise(self) -> bool:
-        values, _ = self._initial_values(_hyperparam_dtype(self.hyperparam_dtype, None))
-        return bool(self._build(values).elementwise)
-
     def init(self, params: Params) -> InjectStatefulHyperparamsState:
-        values, schedule_states = self._initial_values(
-            _hyperparam_dtype(self.hyperparam_dtype, params)
-        )
+        values, schedule_states = self._initial_values(self._dtype(params))
         return InjectStatefulHyperparamsState(
             count=jnp.zeros([], jnp.int32),
             hyperparams=values,
@@ -677,13 +394,11 @@ class InjectStatefulHyperparams(AbstractGradientTransformation):
         params: Params | None = None,
         **extra_args: Any,
     ) -> tuple[Updates, InjectStatefulHyperparamsState]:
-        dtype = _hyperparam_dtype(
-            self.hyperparam_dtype, updates if params is None else params
-        )
-        values = _unscheduled_values(self, state.hyperparams, dtype)
+        dtype = self._dtype(updates if params is None else params)
+        values = self._unscheduled_values(state.hyperparams, dtype)
         schedule_states = {}
         for name, schedule in self.schedules.items():
-            schedule = _as_stateful(schedule)
+            schedule = as_stateful(schedule)
             schedule_state = state.hyperparams_states[name]
             values[name] = _state_value(
                 name,
@@ -706,7 +421,7 @@ class InjectStatefulHyperparams(AbstractGradientTransformation):
 def inject_hyperparams(
     inner_factory: Callable[..., Any],
     static_args: str | Iterable[str] = (),
-    hyperparam_dtype: Any = None,
+    hyperparam_dtype: DTypeLike | None = None,
 ) -> Callable[..., InjectHyperparams | InjectStatefulHyperparams]:
     """Optax spelling of [`eqopt.InjectHyperparams`][]: keeps hyperparameters in the state.
 
@@ -728,20 +443,26 @@ def inject_hyperparams(
         state.hyperparams["learning_rate"] = jnp.float32(0.01)  # as in Optax
         ```
     """
-    signature = _signature(inner_factory)
-    _check_static_names(inner_factory, signature, _static_names(static_args))
+    signature = factory_signature(inner_factory)
+    static = static_names(static_args)
+    check_static_names(inner_factory, signature, static)
 
     def make(
         *args: Any, **kwargs: Any
     ) -> InjectHyperparams | InjectStatefulHyperparams:
-        arguments = _bind(inner_factory, signature, args, kwargs)
-        static_names = _static_names(static_args)
+        arguments = bind_arguments(inner_factory, signature, args, kwargs)
         stateful = any(
-            name not in static_names and _is_stateful_schedule(value)
+            name not in static and is_stateful_schedule(value)
             for name, value in arguments.items()
         )
         cls = InjectStatefulHyperparams if stateful else InjectHyperparams
-        return cls(inner_factory, args, kwargs, static_args, hyperparam_dtype)
+        return cls(
+            inner_factory,
+            args=args,
+            kwargs=kwargs,
+            static_args=static_args,
+            hyperparam_dtype=hyperparam_dtype,
+        )
 
     return functools.wraps(inner_factory, updated=())(make)
 
@@ -749,7 +470,7 @@ def inject_hyperparams(
 def inject_stateful_hyperparams(
     inner_factory: Callable[..., Any],
     static_args: str | Iterable[str] = (),
-    hyperparam_dtype: Any = None,
+    hyperparam_dtype: DTypeLike | None = None,
 ) -> Callable[..., InjectStatefulHyperparams]:
     """Optax spelling of [`eqopt.InjectStatefulHyperparams`][]: stateful schedules in the state.
 
@@ -759,12 +480,16 @@ def inject_stateful_hyperparams(
     [`eqopt.InjectStatefulHyperparams`][] (whose state always has
     `hyperparams_states`).
     """
-    signature = _signature(inner_factory)
-    _check_static_names(inner_factory, signature, _static_names(static_args))
+    signature = factory_signature(inner_factory)
+    check_static_names(inner_factory, signature, static_names(static_args))
 
     def make(*args: Any, **kwargs: Any) -> InjectStatefulHyperparams:
         return InjectStatefulHyperparams(
-            inner_factory, args, kwargs, static_args, hyperparam_dtype
+            inner_factory,
+            args=args,
+            kwargs=kwargs,
+            static_args=static_args,
+            hyperparam_dtype=hyperparam_dtype,
         )
 
     return functools.wraps(inner_factory, updated=())(make)

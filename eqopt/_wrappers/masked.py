@@ -28,7 +28,7 @@ from .._transform.basic import SetToZero
 class MaskedState(eqx.Module):
     """The state of [`eqopt.Masked`][]: the inner state, for the selected leaves only."""
 
-    inner_state: Any
+    inner_state: OptState
 
 
 class Masked(AbstractGradientTransformation):
@@ -100,7 +100,7 @@ def masked(
     `mask_compatible_extra_args` is accepted for Optax compatibility: eqopt
     forwards every extra argument unchanged.
     """
-    return Masked(inner, mask)
+    return Masked(inner=inner, mask=mask)
 
 
 def freeze(mask: FilterSpec) -> Masked:
@@ -113,7 +113,7 @@ def freeze(mask: FilterSpec) -> Masked:
 
     - `mask`: a filter spec of the leaves to freeze.
     """
-    return Masked(SetToZero(), mask)
+    return Masked(inner=SetToZero(), mask=mask)
 
 
 class SelectiveTransform(AbstractGradientTransformation):
@@ -141,7 +141,7 @@ class SelectiveTransform(AbstractGradientTransformation):
     def _trained(self, tree: Any) -> Masked:
         frozen = resolve_filter(self.freeze_mask, tree, what="freeze mask")
         trained = jax.tree.map(lambda f: not f, frozen, is_leaf=is_none)
-        return Masked(self.optimizer, trained)
+        return Masked(inner=self.optimizer, mask=trained)
 
     def init(self, params: Params) -> OptState:
         check_selects_something(
@@ -169,4 +169,4 @@ def selective_transform(
     optimizer: Any, *, freeze_mask: FilterSpec
 ) -> SelectiveTransform:
     """Optax spelling of [`eqopt.SelectiveTransform`][]."""
-    return SelectiveTransform(optimizer, freeze_mask)
+    return SelectiveTransform(optimizer=optimizer, freeze_mask=freeze_mask)

@@ -181,21 +181,11 @@ def hungarian_algorithm(
 def base_hungarian_algorithm(
     cost_matrix: Real[ArrayLike, "n m"],
 ) -> tuple[Int[Array, " k"], Int[Array, " k"]]:
-    r"""Solves the linear assignment problem with the Hungarian algorithm, returning the pairs sorted by row.
+    r"""Solves the linear assignment problem, returning the pairs sorted by row.
 
-    Given an $n \times m$ cost matrix $C$, finds
-
-    $$ \min_{X \in \{0,1\}^{n \times m}} \sum_{i,j} C_{ij} X_{ij}
-       \quad\text{s.t.}\quad \sum_j X_{ij} \le 1,\ \ \sum_i X_{ij} \le 1,\ \
-       \sum_{i,j} X_{ij} = \min(n, m), $$
-
-    a matching of $\min(n, m)$ rows to distinct columns of least total cost.
-    Rectangular matrices are solved along their shorter side. The algorithm is
-    the shortest-augmenting-path form of the Hungarian algorithm with dual
-    potentials, $O(\min(n,m)^2 \max(n,m))$ operations, written with
-    `lax.while_loop` so that it runs under `jax.jit` and `jax.vmap` (the shape of
-    the matrix is static). Costs are promoted to at least `float32` and must be
-    finite.
+    The same problem and solver as [`eqopt.assignment.hungarian_algorithm`][]
+    (see there for the problem, the algorithm and its cost); only the order of
+    the pairs differs.
 
     **Arguments:**
 
@@ -204,8 +194,7 @@ def base_hungarian_algorithm(
     **Returns:** a pair `(i, j)` of integer index arrays of length $\min(n, m)$:
     row `i[k]` is matched to column `j[k]`, and the least cost is
     `cost_matrix[i, j].sum()`. The pairs come sorted by increasing row, as in
-    Optax. It is the same solver as [`eqopt.assignment.hungarian_algorithm`][];
-    only the order differs.
+    Optax.
 
     **References:** H. W. Kuhn, *The Hungarian method for the assignment
     problem*, Naval Research Logistics Quarterly 2, 1955; J. Munkres,

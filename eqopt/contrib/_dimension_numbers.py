@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from .._base import is_none, is_trainable, path_str
-from .._filters import _is_spec_leaf
+from .._filters import is_spec_leaf
 
 
 def _axes_tuple(value: Any, name: str, owner: str) -> int | tuple[int, ...]:
@@ -158,7 +158,7 @@ def resolve_dimension_numbers(
     """
 
     def is_leaf(x):
-        return isinstance(x, kind) or _is_spec_leaf(x)
+        return isinstance(x, kind) or is_spec_leaf(x)
 
     def resolve(value, path):
         if callable(value) and not isinstance(value, kind):
@@ -228,7 +228,7 @@ def selection_spec(spec: Any, kind: type, complement: bool = False) -> Any:
         return not complement
 
     return jax.tree.map(
-        selects, spec, is_leaf=lambda x: isinstance(x, kind) or _is_spec_leaf(x)
+        selects, spec, is_leaf=lambda x: isinstance(x, kind) or is_spec_leaf(x)
     )
 
 

@@ -138,10 +138,12 @@ class ControlDeltaMethod(AbstractControlVariate):
         curvature = hessian_diag(self._as_loss, mean, None, None)
         return self.function(mean) + jnp.sum(variance * curvature) / 2
 
-    def _as_loss(self, x: Float[Array, "..."], inputs: None, targets: None):
+    def _as_loss(
+        self, x: Float[Array, "..."], inputs: None, targets: None
+    ) -> Float[Array, ""]:
         # A bound method rather than a lambda: equal across calls, so the
         # compiled Hessian diagonal is reused.
-        return self.function(x)
+        return jnp.asarray(self.function(x))
 
     def update_state(
         self,
@@ -150,6 +152,17 @@ class ControlDeltaMethod(AbstractControlVariate):
         state: CvState = None,
     ) -> CvState:
         return state
+
+
+def _baseline_state(
+    state: tuple[Float[ArrayLike, ""], Int[ArrayLike, ""]] | None,
+) -> tuple[Float[ArrayLike, ""], Int[ArrayLike, ""]]:
+    if state is None:
+        raise ValueError(
+            "MovingAvgBaseline needs its state `(baseline, count)`, for example "
+            "`(jnp.array(0.0), 0)`."
+        )
+    return state
 
 
 class MovingAvgBaseline(AbstractControlVariate):
@@ -194,7 +207,7 @@ class MovingAvgBaseline(AbstractControlVariate):
         sample: Float[Array, "..."],
         state: tuple[Float[ArrayLike, ""], Int[ArrayLike, ""]] | None = None,
     ) -> Float[ArrayLike, ""]:
-        return state[0]
+        return _baseline_state(state)[0]
 
     def expected_value(
         self,
@@ -209,7 +222,7 @@ class MovingAvgBaseline(AbstractControlVariate):
         samples: Float[Array, "num_samples ..."],
         state: tuple[Float[ArrayLike, ""], Int[ArrayLike, ""]] | None = None,
     ) -> tuple[Float[Array, ""], Int[ArrayLike, ""]]:
-        value, count = state
+        value, count = _baseline_state(state)
         decay = self.decay
         if self.use_decay_early_training_heuristic:
             decay = jnp.minimum(decay, (1.0 + count) / (10.0 + count))

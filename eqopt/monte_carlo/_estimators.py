@@ -77,7 +77,7 @@ def score_function_jacobians(
     samples = jax.lax.stop_gradient(
         dist_builder(*params).sample((num_samples,), seed=rng)
     )
-    values = jax.vmap(function)(samples)
+    values = jnp.asarray(jax.vmap(function)(samples))
 
     def log_prob(params, sample):
         return dist_builder(*params).log_prob(sample)
@@ -142,7 +142,7 @@ def _coordinatewise_values(
     eye = jnp.eye(size, dtype=bool).reshape(1, size, size)
     points = jnp.where(eye, diagonal, base)  # (N, D, D): row d replaces entry d
     one_point = lambda x: function(x.reshape(event_shape))
-    values = jax.vmap(jax.vmap(one_point))(points)
+    values = jnp.asarray(jax.vmap(jax.vmap(one_point))(points))
     return values.reshape(samples.shape)
 
 

@@ -164,6 +164,7 @@ class PerturbedFunction(eqx.Module):
         if not leaves:
             raise ValueError("`inputs` has no inexact-array leaves to perturb.")
         sigma = self.sigma
+        baseline = None
         if self.use_baseline:
             baseline = self.fun(eqx.combine(jax.lax.stop_gradient(dynamic), static))
 
@@ -181,7 +182,9 @@ class PerturbedFunction(eqx.Module):
             recovered = [
                 (y - x) / sigma for x, y in zip(leaves, perturbed, strict=True)
             ]
-            log_prob = sum(jnp.sum(self.noise.log_prob(z)) for z in recovered)
+            log_prob = jnp.asarray(
+                sum(jnp.sum(self.noise.log_prob(z)) for z in recovered)
+            )
             box = _magic_box(log_prob)
             output = self.fun(
                 eqx.combine(jax.tree.unflatten(treedef, perturbed), static)

@@ -7,10 +7,8 @@ defaults returning that class.
 
 # Optax's `optax.schedules` also holds the injection wrappers.
 from .._wrappers.inject import (  # noqa: E402
-    AbstractStatefulSchedule as AbstractStatefulSchedule,
     InjectHyperparamsState as InjectHyperparamsState,
     InjectStatefulHyperparamsState as InjectStatefulHyperparamsState,
-    WrappedSchedule as WrappedSchedule,
     inject_hyperparams as inject_hyperparams,
     inject_stateful_hyperparams as inject_stateful_hyperparams,
 )
@@ -52,4 +50,8 @@ from ._piecewise import (
     linear_onecycle_schedule as linear_onecycle_schedule,
     piecewise_constant_schedule as piecewise_constant_schedule,
     piecewise_interpolate_schedule as piecewise_interpolate_schedule,
+)
+from ._stateful import (
+    AbstractStatefulSchedule as AbstractStatefulSchedule,
+    WrappedSchedule as WrappedSchedule,
 )

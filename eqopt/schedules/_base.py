@@ -3,7 +3,7 @@
 import abc
 import operator
 from collections.abc import Callable
-from typing import Any, no_type_check
+from typing import Any, SupportsIndex, cast, no_type_check
 
 import equinox as eqx
 import jax
@@ -15,8 +15,9 @@ from .._hyper import as_scalar, check_fields, is_concrete
 
 
 def _as_static_int(value: int | Int[ArrayLike, ""]) -> int:
-    # Step counts are static: a concrete 0-d array becomes the Python int it holds.
-    return operator.index(value)
+    # Step counts are static: a concrete 0-d array becomes the Python int it holds
+    # (an integer array supports `__index__`; anything else raises a TypeError).
+    return operator.index(cast(SupportsIndex, value))
 
 
 def _as_static_ints(values) -> tuple[int, ...]:

@@ -1,0 +1,43 @@
+"""Decoupled weight decay (`eqopt/_transform/decay.py`): add_decayed_weights."""
+
+import jax.numpy as jnp
+import optax
+import pytest
+from helpers import ALL_DTYPES, Case, decaying_schedule, make_mlp
+
+import eqopt
+
+TRANSFORM_CASES = [
+    Case(
+        "add_decayed_weights",
+        lambda: eqopt.add_decayed_weights(0.1),
+        lambda: optax.add_decayed_weights(0.1),
+        ALL_DTYPES,
+    ),
+    Case(
+        "add_decayed_weights-mask",
+        lambda: eqopt.add_decayed_weights(0.1, mask=lambda x: x.ndim > 1),
+        lambda: optax.add_decayed_weights(
+            0.1, mask=lambda p: {k: v.ndim > 1 for k, v in p.items()}
+        ),
+        ALL_DTYPES,
+    ),
+    Case(
+        "add_decayed_weights-schedule",
+        lambda: eqopt.add_decayed_weights(decaying_schedule),
+        lambda: optax.add_decayed_weights(decaying_schedule),
+        ALL_DTYPES,
+    ),
+]
+
+
+def test_weight_decay_needs_params():
+    params = {"a": jnp.ones(2)}
+    opt = eqopt.add_decayed_weights(0.1)
+    with pytest.raises(ValueError, match="needs `params`"):
+        opt.update(params, opt.init(params))
+
+
+def test_mask_that_selects_nothing():
+    with pytest.raises(ValueError, match="selects no trainable leaf"):
+        eqopt.add_decayed_weights(0.1, mask=False).init(make_mlp(in_size=3))
