@@ -298,7 +298,8 @@ class Partition(AbstractGradientTransformation):
       leaves are labels (keys of `transforms`) or per-leaf callables returning a
       label.
 
-    A callable is applied to each leaf, never to the whole params (DESIGN §6).
+    A callable is applied to each leaf, never to the whole params, as `eqx.filter`
+    applies it (see "Masks are filter specs" in Coming from Optax).
 
     **Arguments:**
 

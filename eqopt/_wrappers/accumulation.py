@@ -156,8 +156,9 @@ class MultiSteps(AbstractGradientTransformation):
         ```python
         opt = eqopt.MultiSteps(eqopt.adam(1e-3), every_k_schedule=4)
         state = opt.init(model)
+        micro_batches = [(x, y)] * 8
         for x, y in micro_batches:            # four micro-batches per update
-            grads = eqx.filter_grad(loss)(model, x, y)
+            grads = eqx.filter_grad(loss_fn)(model, x, y)
             updates, state = opt.update(grads, state, model)
             model = eqopt.apply_updates(model, updates)   # zeros 3 times in 4
         ```

@@ -1,9 +1,10 @@
 """Hyperparameters evaluated into the optimiser state: `inject_hyperparams`.
 
-eqopt transforms already keep their numeric hyperparameters as leaves (read and
-change them with attribute access and `eqx.tree_at`, DESIGN §4). These wrappers
-exist for code written against Optax's `inject_hyperparams`, which keeps the
-current value of every hyperparameter in the *state* instead.
+eqopt transforms already keep their numeric hyperparameters as leaves: read and
+change them with attribute access and `eqx.tree_at` (see "Reading and changing
+hyperparameters" in Getting started). These wrappers exist for code written
+against Optax's `inject_hyperparams`, which keeps the current value of every
+hyperparameter in the *state* instead.
 """
 
 import abc
@@ -68,6 +69,8 @@ class AbstractStatefulSchedule(eqx.Module):
         opt = eqopt.inject_hyperparams(eqopt.scale_by_learning_rate)(
             learning_rate=HalveOnIncrease(0.1)
         )
+        state = opt.init(model)
+        loss, grads = eqx.filter_value_and_grad(loss_fn)(model, x, y)
         updates, state = opt.update(grads, state, model, loss=loss)
         ```
     """
@@ -606,11 +609,14 @@ class InjectStatefulHyperparams(AbstractGradientTransformation):
     !!! example
 
         ```python
+        # A stateful schedule (see eqopt.AbstractStatefulSchedule); a plain
+        # schedule becomes one with eqopt.WrappedSchedule.
+        schedule = eqopt.WrappedSchedule(eqopt.schedules.cosine_decay_schedule(0.1, 100))
         opt = eqopt.inject_stateful_hyperparams(eqopt.scale_by_learning_rate)(
-            learning_rate=HalveOnIncrease(0.1)  # see eqopt.AbstractStatefulSchedule
+            learning_rate=schedule
         )
         state = opt.init(model)
-        updates, state = opt.update(grads, state, model, loss=loss)
+        updates, state = opt.update(grads, state, model)
         ```
     """
 
