@@ -118,7 +118,9 @@ def example_setup():
     return namespace
 
 
-@pytest.mark.parametrize("block", [b for _, b in EXAMPLES], ids=[n for n, _ in EXAMPLES])
+@pytest.mark.parametrize(
+    "block", [b for _, b in EXAMPLES], ids=[n for n, _ in EXAMPLES]
+)
 def test_docstring_example_runs(block, example_setup, capsys):
     namespace = dict(example_setup)
     exec(compile(block, "example", "exec"), namespace)

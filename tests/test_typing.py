@@ -6,14 +6,20 @@ the Getting started page (each page's blocks joined into one file, in order).
 
 import json
 import pathlib
+import re
 import shutil
 import subprocess
 
 import pytest
 
-from test_docs import ROOT, _python_blocks
-
+ROOT = pathlib.Path(__file__).parent.parent
 PAGES = ["README.md", "docs/getting-started.md"]
+
+
+def _python_blocks(path):
+    # As in test_docs.py: the page's code, without the `>>>` sessions.
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / path).read_text(), re.S)
+    return [b for b in blocks if not b.lstrip().startswith(">>>")]
 
 
 def test_package_is_marked_typed():

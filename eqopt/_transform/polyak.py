@@ -39,7 +39,9 @@ class ScaleByPolyak(AbstractGradientTransformation):
     !!! example
 
         ```python
-        opt = eqopt.chain(eqopt.scale_by_polyak(max_learning_rate=1.0), eqopt.scale(-1.0))
+        opt = eqopt.chain(
+            eqopt.scale_by_polyak(max_learning_rate=1.0), eqopt.scale(-1.0)
+        )
         state = opt.init(model)
         loss, grads = eqx.filter_value_and_grad(loss_fn)(model, x, y)
         updates, state = opt.update(grads, state, model, value=loss)

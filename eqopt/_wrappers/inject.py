@@ -611,7 +611,9 @@ class InjectStatefulHyperparams(AbstractGradientTransformation):
         ```python
         # A stateful schedule (see eqopt.AbstractStatefulSchedule); a plain
         # schedule becomes one with eqopt.WrappedSchedule.
-        schedule = eqopt.WrappedSchedule(eqopt.schedules.cosine_decay_schedule(0.1, 100))
+        schedule = eqopt.WrappedSchedule(
+            eqopt.schedules.cosine_decay_schedule(0.1, 100)
+        )
         opt = eqopt.inject_stateful_hyperparams(eqopt.scale_by_learning_rate)(
             learning_rate=schedule
         )

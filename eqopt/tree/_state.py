@@ -84,7 +84,8 @@ def get_all_with_path(
 
         ```python
         state = eqopt.chain(eqopt.clip(1.0), eqopt.scale_by_adam()).init(model)
-        [(jax.tree_util.keystr(p), v) for p, v in eqopt.tree.get_all_with_path(state, "count")]
+        found = eqopt.tree.get_all_with_path(state, "count")
+        [(jax.tree_util.keystr(path), value) for path, value in found]
         ```
     """
     return [
