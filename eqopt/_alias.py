@@ -61,6 +61,16 @@ def sgd(
 
     **Returns:** an [`eqopt.Chain`][].
 
+    !!! example
+
+        ```python
+        opt = eqopt.sgd(learning_rate=1e-2, momentum=0.9, nesterov=True)
+        state = opt.init(model)
+        updates, state = opt.update(grads, state, model)
+        model = eqopt.apply_updates(model, updates)
+        state.trace.trace            # the momentum buffer, shaped like the model
+        ```
+
     **References:** Robbins & Monro, *A Stochastic Approximation Method*, 1951;
     Sutskever, Martens, Dahl & Hinton, *On the importance of initialization and
     momentum in deep learning*, ICML 2013.
@@ -197,6 +207,20 @@ def adamw(
     - `nesterov`: use Nesterov momentum (this is [`eqopt.nadamw`][]).
 
     **Returns:** an [`eqopt.Chain`][].
+
+    !!! example
+
+        ```python
+        opt = eqopt.adamw(
+            learning_rate=eqopt.warmup_cosine_decay_schedule(0.0, 1e-3, 100, 10_000),
+            weight_decay=1e-4,
+            mask=lambda x: x.ndim > 1,        # decay the weight matrices only
+        )
+        state = opt.init(model)
+        updates, state = opt.update(grads, state, model)   # params: for the decay
+        model = eqopt.apply_updates(model, updates)
+        state.scale_by_adam.mu       # the first moment; `nu` is the second
+        ```
 
     **References:** Loshchilov & Hutter, *Decoupled Weight Decay
     Regularization*, ICLR 2019.
@@ -410,6 +434,15 @@ def rmsprop(
 
     **Returns:** an [`eqopt.Chain`][].
 
+    !!! example
+
+        ```python
+        opt = eqopt.rmsprop(learning_rate=1e-3, decay=0.9, centered=True, momentum=0.9)
+        state = opt.init(model)
+        updates, state = opt.update(grads, state, model)
+        model = eqopt.apply_updates(model, updates)
+        ```
+
     **References:** Tieleman & Hinton, *Lecture 6.5 — RMSProp*, COURSERA:
     Neural Networks for Machine Learning, 2012; Graves, *Generating Sequences
     With Recurrent Neural Networks*, 2013 (centred).
@@ -450,6 +483,15 @@ def adagrad(
     - `eps`: $\epsilon$.
 
     **Returns:** an [`eqopt.Chain`][].
+
+    !!! example
+
+        ```python
+        opt = eqopt.adagrad(learning_rate=1e-1)
+        state = opt.init(model)
+        updates, state = opt.update(grads, state, model)
+        state.scale_by_rss.sum_of_squares   # the accumulated squared gradients
+        ```
 
     **References:** Duchi, Hazan & Singer, *Adaptive Subgradient Methods for
     Online Learning and Stochastic Optimization*, JMLR 12, 2011.
@@ -493,6 +535,16 @@ def lion(
     - `mask`: the filter spec of the leaves to decay (default: all).
 
     **Returns:** an [`eqopt.Chain`][].
+
+    !!! example
+
+        ```python
+        # Lion's sign updates are larger than Adam's: use a smaller rate.
+        opt = eqopt.lion(learning_rate=1e-4, weight_decay=1e-2)
+        state = opt.init(model)
+        updates, state = opt.update(grads, state, model)
+        model = eqopt.apply_updates(model, updates)
+        ```
 
     **References:** Chen et al., *Symbolic Discovery of Optimization
     Algorithms*, NeurIPS 2023.
@@ -584,6 +636,14 @@ def noisy_sgd(
     - `seed`: Optax's older name for an integer `key`.
 
     **Returns:** an [`eqopt.Chain`][].
+
+    !!! example
+
+        ```python
+        opt = eqopt.noisy_sgd(learning_rate=1e-2, eta=0.01, key=jax.random.key(0))
+        state = opt.init(model)
+        updates, state = opt.update(grads, state, model)   # a new key every step
+        ```
 
     **References:** Neelakantan et al., *Adding Gradient Noise Improves
     Learning for Very Deep Networks*, arXiv:1511.06807, 2015.

@@ -304,12 +304,25 @@ class Partition(AbstractGradientTransformation):
       leaves are labels (keys of `transforms`) or per-leaf callables returning a
       label.
 
-    A callable is applied to each leaf, never to the whole params (DESIGN §6).
+    A callable is applied to each leaf, never to the whole params, as `eqx.filter`
+    applies it (see "Masks are filter specs" in Coming from Optax).
 
     **Arguments:**
 
     - `transforms`: a dict from label to transform.
     - `param_labels`: the groups, as above.
+
+    !!! example
+
+        ```python
+        opt = eqopt.partition(
+            {"matrices": eqopt.adam(1e-3), "vectors": eqopt.sgd(1e-2)},
+            {"matrices": lambda x: x.ndim > 1, "vectors": lambda x: x.ndim <= 1},
+        )
+        state = opt.init(model)
+        updates, state = opt.update(grads, state, model)
+        state.inner_states["matrices"]   # Adam's state, with None at the vectors
+        ```
     """
 
     transforms: dict[Hashable, AbstractGradientTransformation]

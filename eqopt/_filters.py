@@ -1,4 +1,4 @@
-"""Filter specs: selecting leaves the way `eqx.filter` does (DESIGN §6)."""
+"""Filter specs: selecting leaves the way `eqx.filter` does ("Selecting parameters" in the docs)."""
 
 from collections.abc import Callable
 from typing import Any, TypeAlias, no_type_check

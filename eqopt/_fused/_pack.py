@@ -121,7 +121,7 @@ class Packed(eqx.Module):
 
         @eqx.filter_jit
         def step(packed, state, x, y):
-            grads = eqx.filter_grad(lambda p: loss(p.unpack(), x, y))(packed)
+            grads = eqx.filter_grad(lambda p: loss_fn(p.unpack(), x, y))(packed)
             updates, state = opt.update(grads, state, packed)
             return eqopt.apply_updates(packed, updates), state
 

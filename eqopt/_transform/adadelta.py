@@ -142,6 +142,15 @@ def adadelta(
 
     **Returns:** an [`eqopt.Chain`][].
 
+    !!! example
+
+        ```python
+        opt = eqopt.adadelta()               # no learning rate needed (default 1.0)
+        state = opt.init(model)
+        updates, state = opt.update(grads, state, model)
+        model = eqopt.apply_updates(model, updates)
+        ```
+
     **References:** Zeiler, *ADADELTA: An Adaptive Learning Rate Method*,
     arXiv:1212.5701, 2012.
     """

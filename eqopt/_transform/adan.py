@@ -181,6 +181,15 @@ def adan(
 
     **Returns:** an [`eqopt.Chain`][].
 
+    !!! example
+
+        ```python
+        opt = eqopt.adan(learning_rate=1e-3, weight_decay=1e-2)
+        state = opt.init(model)
+        updates, state = opt.update(grads, state, model)
+        model = eqopt.apply_updates(model, updates)
+        ```
+
     **References:** Xie, Zhou, Li, Lin & Yan, *Adan: Adaptive Nesterov Momentum
     Algorithm for Faster Optimizing Deep Models*, arXiv:2208.06677, 2022.
     """

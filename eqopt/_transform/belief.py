@@ -157,6 +157,15 @@ def adabelief(
 
     **Returns:** an [`eqopt.Chain`][].
 
+    !!! example
+
+        ```python
+        opt = eqopt.adabelief(learning_rate=1e-3)
+        state = opt.init(model)
+        updates, state = opt.update(grads, state, model)
+        state.scale_by_belief.nu     # the "belief": variance of g around its mean
+        ```
+
     **References:** Zhuang et al., *AdaBelief Optimizer: Adapting Stepsizes by
     the Belief in Observed Gradients*, NeurIPS 2020.
     """

@@ -74,6 +74,19 @@ class ScaleByDistanceOverGradients(AbstractGradientTransformation):
     - `param_dtype`: the dtype to keep $\theta_0$ in.
     - `global_scale`: $s$, typically 1 or -1.
 
+    !!! example
+
+        ```python
+        # No learning rate to tune: DoG, then a rate of 1 (which negates) to descend.
+        opt = eqopt.chain(
+            eqopt.ScaleByDistanceOverGradients(reps_rel=1e-6),
+            eqopt.scale_by_learning_rate(1.0),
+        )
+        state = opt.init(model)
+        updates, state = opt.update(grads, state, model)   # params are needed
+        model = eqopt.apply_updates(model, updates)
+        ```
+
     **References:** Ivgi, Hinder & Carmon, *DoG is SGD's Best Friend: A
     Parameter-Free Dynamic Step Size Schedule*, ICML 2023.
     """

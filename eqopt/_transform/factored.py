@@ -355,6 +355,17 @@ def adafactor(
     **Returns:** an [`eqopt.Chain`][]; `update` needs `params` when
     `multiply_by_parameter_scale` or `weight_decay_rate` is used.
 
+    !!! example
+
+        ```python
+        big = eqx.nn.Linear(256, 512, key=jax.random.key(1))
+        opt = eqopt.adafactor(learning_rate=1e-2)
+        state = opt.init(big)
+        # The weight's second moment is kept as a row and a column (factored).
+        factored = state.scale_by_factored_rms
+        print(factored.v_row.weight.shape, factored.v_col.weight.shape)
+        ```
+
     **References:** Shazeer & Stern, *Adafactor: Adaptive Learning Rates with
     Sublinear Memory Cost*, ICML 2018.
     """

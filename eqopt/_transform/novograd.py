@@ -200,6 +200,15 @@ def novograd(
 
     **Returns:** an [`eqopt.Chain`][].
 
+    !!! example
+
+        ```python
+        opt = eqopt.novograd(learning_rate=1e-2, weight_decay=1e-3)
+        state = opt.init(model)
+        updates, state = opt.update(grads, state, model)
+        model = eqopt.apply_updates(model, updates)
+        ```
+
     **References:** Ginsburg et al., *Stochastic Gradient Methods with
     Layer-wise Adaptive Moments for Training of Deep Networks*,
     arXiv:1905.11286, 2019.

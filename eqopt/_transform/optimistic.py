@@ -121,6 +121,16 @@ def optimistic_gradient_descent(
 
     **Returns:** an [`eqopt.Chain`][].
 
+    !!! example
+
+        ```python
+        # For min-max games: each player's update uses its gradient's change.
+        opt = eqopt.optimistic_gradient_descent(learning_rate=1e-2, alpha=1.0, beta=1.0)
+        state = opt.init(model)
+        updates, state = opt.update(grads, state, model)
+        model = eqopt.apply_updates(model, updates)
+        ```
+
     **References:** Mokhtari, Ozdaglar & Pattathil, *A Unified Analysis of
     Extra-gradient and Optimistic Gradient Methods for Saddle Point Problems:
     Proximal Point Approach*, AISTATS 2020.

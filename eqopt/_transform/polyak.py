@@ -37,8 +37,13 @@ class ScaleByPolyak(AbstractGradientTransformation):
     scaling to descend, as [`eqopt.polyak_sgd`][] does.
 
     !!! example
+
         ```python
-        loss, grads = eqx.filter_value_and_grad(loss_fn)(model)
+        opt = eqopt.chain(
+            eqopt.scale_by_polyak(max_learning_rate=1.0), eqopt.scale(-1.0)
+        )
+        state = opt.init(model)
+        loss, grads = eqx.filter_value_and_grad(loss_fn)(model, x, y)
         updates, state = opt.update(grads, state, model, value=loss)
         ```
 
@@ -151,8 +156,9 @@ def polyak_sgd(
     !!! example
         ```python
         opt = eqopt.polyak_sgd(max_learning_rate=1.0)
-        loss, grads = eqx.filter_value_and_grad(loss_fn)(model)
-        updates, state = opt.update(grads, state, model, value=loss)
+        state = opt.init(model)
+        loss, grads = eqx.filter_value_and_grad(loss_fn)(model, x, y)
+        updates, state = opt.update(grads, state, model, value=loss)  # the loss too
         ```
 
     **Arguments:**

@@ -190,6 +190,15 @@ def radam(
 
     **Returns:** an [`eqopt.Chain`][].
 
+    !!! example
+
+        ```python
+        opt = eqopt.radam(learning_rate=1e-3)
+        state = opt.init(model)
+        updates, state = opt.update(grads, state, model)   # SGD with momentum at first
+        model = eqopt.apply_updates(model, updates)
+        ```
+
     **References:** Liu et al., *On the Variance of the Adaptive Learning Rate
     and Beyond*, ICLR 2020.
     """

@@ -164,6 +164,18 @@ def rprop(
 
     **Returns:** an [`eqopt.Chain`][].
 
+    !!! example
+
+        ```python
+        # Rprop adapts a step per parameter from gradient signs: for full batches.
+        opt = eqopt.rprop(learning_rate=1e-3)
+        state = opt.init(model)
+        for _ in range(3):
+            grads = eqx.filter_grad(loss_fn)(model, x, y)
+            updates, state = opt.update(grads, state, model)
+            model = eqopt.apply_updates(model, updates)
+        ```
+
     **References:** Riedmiller & Braun, *A Direct Adaptive Method for Faster
     Backpropagation Learning: The RPROP Algorithm*, IEEE ICNN 1993.
     """

@@ -172,6 +172,15 @@ def sm3(learning_rate: ScalarLike, momentum: ScalarLike | None = 0.9) -> Chain:
 
     **Returns:** an [`eqopt.Chain`][].
 
+    !!! example
+
+        ```python
+        opt = eqopt.sm3(learning_rate=1e-1)
+        state = opt.init(model)
+        updates, state = opt.update(grads, state, model)
+        model = eqopt.apply_updates(model, updates)
+        ```
+
     **References:** Anil, Gupta, Koren & Singer, *Memory-Efficient Adaptive
     Optimization*, NeurIPS 2019.
     """

@@ -139,6 +139,15 @@ def lamb(
 
     **Returns:** an [`eqopt.Chain`][].
 
+    !!! example
+
+        ```python
+        opt = eqopt.lamb(1e-3, weight_decay=1e-2, mask=lambda x: x.ndim > 1)
+        state = opt.init(model)
+        updates, state = opt.update(grads, state, model)   # params: for the trust ratio
+        model = eqopt.apply_updates(model, updates)
+        ```
+
     **References:** You et al., *Large Batch Optimization for Deep Learning:
     Training BERT in 76 minutes*, ICLR 2020.
     """

@@ -153,6 +153,15 @@ def yogi(
 
     **Returns:** an [`eqopt.Chain`][].
 
+    !!! example
+
+        ```python
+        opt = eqopt.yogi(learning_rate=1e-2)
+        state = opt.init(model)
+        updates, state = opt.update(grads, state, model)
+        model = eqopt.apply_updates(model, updates)
+        ```
+
     **References:** Zaheer, Reddi, Sachan, Kale & Kumar, *Adaptive Methods for
     Nonconvex Optimization*, NeurIPS 2018.
     """

@@ -156,8 +156,9 @@ class MultiSteps(AbstractGradientTransformation):
         ```python
         opt = eqopt.MultiSteps(eqopt.adam(1e-3), every_k_schedule=4)
         state = opt.init(model)
+        micro_batches = [(x, y)] * 4
         for x, y in micro_batches:            # four micro-batches per update
-            grads = eqx.filter_grad(loss)(model, x, y)
+            grads = eqx.filter_grad(loss_fn)(model, x, y)
             updates, state = opt.update(grads, state, model)
             model = eqopt.apply_updates(model, updates)   # zeros 3 times in 4
         ```
@@ -374,6 +375,18 @@ class ApplyEvery(AbstractGradientTransformation):
     **Arguments:**
 
     - `k`: emit the sum every `k` steps (a positive int, a dynamic leaf).
+
+    !!! example
+
+        ```python
+        # Sum the updates of four steps and apply them at the fourth (Optax's older way;
+        # eqopt.MultiSteps averages gradients before the optimiser instead).
+        opt = eqopt.chain(eqopt.sgd(1e-2), eqopt.apply_every(k=4))
+        state = opt.init(model)
+        for _ in range(4):
+            updates, state = opt.update(grads, state, model)   # zero for three steps
+            model = eqopt.apply_updates(model, updates)
+        ```
     """
 
     k: Int[Array, ""] = eqx.field(default=1, converter=as_int_scalar)

@@ -62,6 +62,21 @@ class ConditionallyTransform(AbstractGradientTransformation):
       a boolean scalar.
     - `forward_extra_args`: also pass the extra arguments of `update` to
       `should_transform_fn` as keywords.
+
+    !!! example
+
+        ```python
+        # Clip only during the first 100 steps.
+        opt = eqopt.chain(
+            eqopt.conditionally_transform(
+                eqopt.clip_by_global_norm(1.0),
+                should_transform_fn=lambda step: step < 100,
+            ),
+            eqopt.adam(1e-3),
+        )
+        state = opt.init(model)
+        updates, state = opt.update(grads, state, model)
+        ```
     """
 
     inner: AbstractGradientTransformation

@@ -62,6 +62,17 @@ class ApplyIfFinite(AbstractGradientTransformation):
     - `inner`: the transform to guard.
     - `max_consecutive_errors`: $M$, the number of consecutive non-finite steps
       to skip before applying one anyway.
+
+    !!! example
+
+        ```python
+        opt = eqopt.apply_if_finite(eqopt.adam(1e-3), max_consecutive_errors=5)
+        state = opt.init(model)
+        bad = jax.tree.map(lambda g: jnp.full_like(g, jnp.nan), grads)
+        updates, state = opt.update(bad, state, model)   # skipped: zero updates
+        state.notfinite_count, state.last_finite         # 1, False
+        updates, state = opt.update(grads, state, model)  # a normal step
+        ```
     """
 
     inner: AbstractGradientTransformation

@@ -100,6 +100,16 @@ class Flatten(AbstractGradientTransformation):
     **Arguments:**
 
     - `inner`: the transform to run on the flat vector.
+
+    !!! example
+
+        ```python
+        # The inner transform sees one flat vector of all trainable parameters.
+        opt = eqopt.flatten(eqopt.adam(1e-3))
+        state = opt.init(model)
+        updates, state = opt.update(grads, state, model)   # shaped like the model
+        model = eqopt.apply_updates(model, updates)
+        ```
     """
 
     inner: AbstractGradientTransformation

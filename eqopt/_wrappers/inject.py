@@ -1,7 +1,7 @@
 """Hyperparameters evaluated into the optimiser state: `inject_hyperparams`.
 
 eqopt transforms already keep their numeric hyperparameters as leaves (read and
-change them with attribute access and `eqx.tree_at`, DESIGN §4). These wrappers
+change them with attribute access and `eqx.tree_at`). These wrappers
 exist for code written against Optax's `inject_hyperparams`, which keeps the
 current value of every hyperparameter in the *state* instead.
 """

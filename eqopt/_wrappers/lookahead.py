@@ -138,7 +138,7 @@ class Lookahead(AbstractGradientTransformation):
         opt = eqopt.lookahead(eqopt.adam(1e-3), sync_period=5, slow_step_size=0.5)
         params = eqopt.LookaheadParams.init_synced(model)
         state = opt.init(params)
-        grads = eqx.filter_grad(loss)(params.fast, x, y)
+        grads = eqx.filter_grad(loss_fn)(params.fast, x, y)
         updates, state = opt.update(grads, state, params)
         params = eqopt.apply_updates(params, updates)   # evaluate with params.slow
         ```

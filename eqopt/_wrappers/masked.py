@@ -51,6 +51,18 @@ class Masked(AbstractGradientTransformation):
 
     - `inner`: the transform to apply to the selection.
     - `mask`: the filter spec.
+
+    !!! example
+
+        ```python
+        # Weight decay on the matrices only; other leaves pass through unchanged.
+        opt = eqopt.chain(
+            eqopt.masked(eqopt.add_decayed_weights(1e-4), lambda x: x.ndim > 1),
+            eqopt.sgd(1e-2),
+        )
+        state = opt.init(model)
+        updates, state = opt.update(grads, state, model)
+        ```
     """
 
     inner: AbstractGradientTransformation

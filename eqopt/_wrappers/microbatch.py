@@ -186,10 +186,11 @@ def microbatch(
 
         ```python
         grad_fn = eqopt.microbatch(
-            eqx.filter_grad(loss), argnums=(1, 2), microbatch_size=32,
+            eqx.filter_grad(loss_fn), argnums=(1, 2), microbatch_size=32,
             accumulator=eqopt.microbatching.AccumulationType.MEAN,
         )
-        grads = grad_fn(model, x, y)   # x, y: batches of 256 rows
+        x, y = jnp.ones((256, 2)), jnp.zeros((256, 1))
+        grads = grad_fn(model, x, y)   # eight micro-batches of 32 rows
         ```
     """
     if microbatch_size is None:

@@ -90,7 +90,8 @@ class Snapshot(AbstractGradientTransformation):
             eqopt.snapshot("norm_before_clip", eqopt.tree.norm),
             eqopt.clip_by_global_norm(1.0),
         )
-        ...
+        state = opt.init(model)
+        updates, state = opt.update(grads, state, model)
         eqopt.tree.get(state, "norm_before_clip")
         ```
     """

@@ -241,6 +241,26 @@ class DifferentiallyPrivateAggregate(AbstractGradientTransformation):
     - `noise_multiplier`: $\sigma$, the noise's standard deviation relative to $C$.
     - `key`: a `jax.random.key(...)`, or an int seed.
 
+    !!! example
+
+        ```python
+        # One gradient per example: vmap over the batch, with a batch of one inside.
+        def example_loss(model, x, y):
+            return loss_fn(model, x[None], y[None])
+
+        per_example_grad = jax.vmap(eqx.filter_grad(example_loss), in_axes=(None, 0, 0))
+        per_example = per_example_grad(model, x, y)
+        opt = eqopt.chain(
+            eqopt.differentially_private_aggregate(
+                l2_norm_clip=1.0, noise_multiplier=1.1, key=jax.random.key(0)
+            ),
+            eqopt.sgd(1e-2),
+        )
+        state = opt.init(model)
+        updates, state = opt.update(per_example, state, model)   # no batch axis
+        model = eqopt.apply_updates(model, updates)
+        ```
+
     **References:** Abadi et al., *Deep Learning with Differential Privacy*,
     CCS 2016.
     """

@@ -259,6 +259,7 @@ def make_perturbed_fun(
         ```python
         f = lambda x: jax.nn.one_hot(jnp.argmax(x), x.shape[0])
         soft_argmax = eqopt.perturbations.make_perturbed_fun(f, num_samples=500)
+        key, scores = jax.random.key(0), jnp.array([1.0, 2.0, 0.5])
         jacobian = jax.jacobian(soft_argmax, argnums=1)(key, scores)
         ```
     """

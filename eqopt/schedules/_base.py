@@ -78,7 +78,7 @@ class AbstractSchedule(eqx.Module):
         schedule = eqopt.schedules.warmup_cosine_decay_schedule(
             init_value=0.0, peak_value=1e-3, warmup_steps=100, decay_steps=10_000
         )
-        print(schedule)  # WarmupCosineDecaySchedule(init_value=0.0, peak_value=0.001, ...)
+        print(schedule)  # WarmupCosineDecaySchedule(init_value=0.0, ...)
 
         @eqx.filter_jit
         def value_at(schedule, count):

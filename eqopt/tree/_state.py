@@ -84,7 +84,8 @@ def get_all_with_path(
 
         ```python
         state = eqopt.chain(eqopt.clip(1.0), eqopt.scale_by_adam()).init(model)
-        [(jax.tree_util.keystr(p), v) for p, v in eqopt.tree.get_all_with_path(state, "count")]
+        found = eqopt.tree.get_all_with_path(state, "count")
+        [(jax.tree_util.keystr(path), value) for path, value in found]
         ```
     """
     return [
@@ -117,6 +118,8 @@ def get(
     !!! example
 
         ```python
+        opt = eqopt.inject_hyperparams(eqopt.adam)(learning_rate=1e-3)
+        state = opt.init(model)
         lr = eqopt.tree.get(state, "learning_rate")   # from an injected state
         mu = eqopt.tree.get(state, "mu")              # the Adam moment inside a chain
         ```
@@ -173,6 +176,7 @@ def set(tree: PyTree, filtering: Filtering | None = None, /, **kwargs: Any) -> P
     !!! example
 
         ```python
+        state = eqopt.inject_hyperparams(eqopt.adam)(learning_rate=1e-3).init(model)
         state = eqopt.tree.set(state, learning_rate=jnp.asarray(1e-4))
         ```
     """
@@ -270,6 +274,9 @@ def map_params(
     !!! example
 
         ```python
+        opt = eqopt.adam(1e-3)
+        state = opt.init(model)
+        param_specs = jax.tree.map(lambda _: "replicated", model)  # e.g. PartitionSpecs
         specs = eqopt.tree.map_params(opt, lambda _, spec: spec, state, param_specs,
                                       transform_non_params=lambda _: None)
         ```
