@@ -70,6 +70,7 @@ with _jaxtyping.install_import_hook("eqopt", "eqopt._typecheck.typechecker"):
         bucketed as bucketed,
     )
     from ._fused._pack import Packed as Packed, pack as pack
+    from ._hyper import ScalarOrSchedule as ScalarOrSchedule
     from ._interop import (
         FromOptax as FromOptax,
         FromOptaxState as FromOptaxState,
@@ -77,7 +78,6 @@ with _jaxtyping.install_import_hook("eqopt", "eqopt._typecheck.typechecker"):
         from_optax as from_optax,
         to_optax as to_optax,
     )
-    from ._hyper import ScalarOrSchedule as ScalarOrSchedule
     from ._linalg import (
         matrix_inverse_pth_root as matrix_inverse_pth_root,
         nnls as nnls,

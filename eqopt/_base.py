@@ -8,6 +8,7 @@ from typing import Any, ClassVar, TypeAlias, no_type_check
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import ArrayLike, PyTree
@@ -122,7 +123,7 @@ def check_updates(
         raise ValueError(
             structure_mismatch_message(updates, reference, name, reference_name)
         )
-    for index, (update, ref) in enumerate(zip(leaves, reference_leaves)):
+    for index, (update, ref) in enumerate(zip(leaves, reference_leaves, strict=False)):
         if update is None:
             continue
         problem = None
@@ -617,7 +618,7 @@ def leafwise(
                 structure_mismatch_message(updates, tree, "updates", "state")
             )
         others.append(other_leaves)
-    for index, (u, *rest) in enumerate(zip(leaves, *others)):
+    for index, (u, *rest) in enumerate(zip(leaves, *others, strict=False)):
         if u is None:
             continue
         for other in rest:
@@ -629,10 +630,13 @@ def leafwise(
                     "for other params?"
                 )
     if n_out is None:
-        out = [None if u is None else fn(u, *rest) for u, *rest in zip(leaves, *others)]
+        out = [
+            None if u is None else fn(u, *rest)
+            for u, *rest in zip(leaves, *others, strict=False)
+        ]
         return jax.tree.unflatten(treedef, out)
     outs = []
-    for u, *rest in zip(leaves, *others):
+    for u, *rest in zip(leaves, *others, strict=False):
         if u is None:
             outs.append((None, *rest[: n_out - 1]))
         else:

@@ -19,7 +19,7 @@ import pytest
 import eqopt
 
 # eqopt stores `b2` as a float32 leaf, so Adam's `1 - b2` differs from Optax's
-# by a relative 1e-5 (see test_transforms.py::test_adam_complement_rounding).
+# by a relative 1e-5 (see test_adam.py::test_adam_complement_rounding).
 RTOL = 1e-5
 ATOL = 1e-6
 STEPS = 4

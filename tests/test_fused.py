@@ -276,7 +276,9 @@ def test_bucketed_state_is_few_buffers_and_jits_without_retrace():
     model, state = step(faster, model, state)
     assert len(traces) == 1
     mu = state.unpacked().scale_by_adam.mu
-    assert jax.tree.structure(mu) == jax.tree.structure(eqx.filter(model, eqx.is_inexact_array))
+    assert jax.tree.structure(mu) == jax.tree.structure(
+        eqx.filter(model, eqx.is_inexact_array)
+    )
 
 
 def test_bucketed_updates_for_other_params_is_an_error():

@@ -187,5 +187,3 @@ def test_smooth_labels_where_selecting_nothing():
     smoothed = losses.smooth_labels(labels, 0.1, where=where)
     assert_tree_allclose(smoothed[0], jnp.array([0.05, 0.95, 0.0]))
     assert_tree_allclose(smoothed[1], labels[1])
-
-

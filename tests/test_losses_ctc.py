@@ -66,5 +66,3 @@ def test_ctc_against_brute_force():
             total += np.exp(sum(log_probs[t, s] for t, s in enumerate(path)))
     loss = losses.ctc_loss(logits, jnp.zeros((1, 4)), labels, jnp.zeros((1, 2)))
     assert_tree_allclose(loss, jnp.array([-np.log(total)]), rtol=1e-5)
-
-

@@ -79,5 +79,3 @@ def test_difference_kl_with_impossible_predictions():
         losses.kl_divergence(log_predictions, targets),
         optax.losses.kl_divergence(finite, targets[:, :2]),
     )
-
-

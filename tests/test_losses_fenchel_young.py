@@ -55,5 +55,3 @@ def test_sparsemax_many_batch_axes():
     loss = _jit(losses.multiclass_sparsemax_loss)
     flat = loss(scores.reshape(6, 5), labels.reshape(6))
     assert_tree_allclose(loss(scores, labels), flat.reshape(2, 3))
-
-

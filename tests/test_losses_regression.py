@@ -54,5 +54,3 @@ def test_difference_cosine_similarity_zero_vector():
         jax.grad(lambda x: optax.losses.cosine_similarity(x, other, where=where).sum())
     )(other)
     assert jnp.any(jnp.isnan(optax_grad))
-
-

@@ -90,5 +90,3 @@ def test_difference_dice_without_activation():
     assert_tree_allclose(
         jitted, optax.losses.dice_loss(multiclass, one_hot, apply_softmax=False)
     )
-
-

@@ -58,5 +58,3 @@ def test_difference_triplet_odd_degree():
         anchors, positives, negatives, norm_degree=1, eps=0.0
     )
     assert not jnp.allclose(ours, theirs)
-
-

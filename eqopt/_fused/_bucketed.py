@@ -1,14 +1,20 @@
 """Bucketed optimiser state: the params stay as they are, the state lives in a few buffers."""
 
-from typing import Any
+from typing import Any, cast
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._base import AbstractGradientTransformation, OptState, Params, Updates, as_transform
+from .._base import (
+    AbstractGradientTransformation,
+    OptState,
+    Params,
+    Updates,
+    as_transform,
+)
 from .._leaves import is_none
-from ._pack import _layout_of, pack, packed_from_layout, unpack_all
+from ._pack import Packed, _layout_of, pack, packed_from_layout, unpack_all
 
 
 class BucketedState(eqx.Module):
@@ -78,7 +84,9 @@ class Bucketed(AbstractGradientTransformation):
                 "`bucketed` found no trainable array in the params (no floating or complex "
                 "JAX array leaf): there is no state to bucket."
             )
-        return BucketedState(inner=self.inner.init(pack(params)), layout=layout, treedef=treedef)
+        return BucketedState(
+            inner=self.inner.init(pack(params)), layout=layout, treedef=treedef
+        )
 
     def update(
         self,
@@ -91,9 +99,9 @@ class Bucketed(AbstractGradientTransformation):
         # Packing the params is a concatenation that XLA removes when nothing reads it.
         packed_params = None if params is None else pack(params)
         new_updates, inner = self.inner.update(
-            packed_updates, state.inner, packed_params, **extra_args
+            cast(Any, packed_updates), state.inner, packed_params, **extra_args
         )
-        unpacked = new_updates.unpack()
+        unpacked = cast(Packed, new_updates).unpack()
         # Leaves without a gradient keep `None`, as on the per-leaf path.
         unpacked = jax.tree.map(
             lambda new, old: None if old is None else new.astype(jnp.result_type(old)),
@@ -101,10 +109,11 @@ class Bucketed(AbstractGradientTransformation):
             updates,
             is_leaf=is_none,
         )
-        return unpacked, BucketedState(inner=inner, layout=state.layout, treedef=state.treedef)
+        return unpacked, BucketedState(
+            inner=inner, layout=state.layout, treedef=state.treedef
+        )
 
 
 def bucketed(inner: Any) -> Bucketed:
     """Keeps `inner`'s state in one flat buffer per dtype: see [`eqopt.Bucketed`][]."""
     return Bucketed(inner)
-

@@ -1,6 +1,6 @@
 """Decoupled weight decay."""
 
-from typing import Any
+from typing import Any, cast
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -81,7 +81,9 @@ class AddDecayedWeights(AbstractGradientTransformation):
         if self.mask is None:
             return leafwise(lambda g, p: g + weight_decay * p, updates, params), state
         if isinstance(params, Packed) and isinstance(updates, Packed):
-            return _decay_packed(self.mask, weight_decay, updates, params), state
+            return cast(
+                Any, _decay_packed(self.mask, weight_decay, updates, params)
+            ), state
         if contains_packed(updates, params):
             reference = updates if contains_packed(updates) else params
             new = self.update(

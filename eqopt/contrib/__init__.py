@@ -119,6 +119,7 @@ from ._sophia import (
     hutchinson_estimator_diag_hessian as hutchinson_estimator_diag_hessian,
     sophia as sophia,
 )
+
 # End of Muon ... complex.
 
 # isort: split

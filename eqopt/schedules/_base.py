@@ -3,7 +3,7 @@
 import abc
 import operator
 from collections.abc import Callable
-from typing import Any, SupportsIndex, cast, no_type_check
+from typing import Any, SupportsIndex, cast
 
 import equinox as eqx
 import jax
@@ -14,7 +14,7 @@ from jaxtyping import Array, ArrayLike, Float, Int, Real
 from .._hyper import as_scalar, check_fields, is_concrete
 
 
-def _as_static_int(value: int | Int[ArrayLike, ""]) -> int:
+def as_static_int(value: int | Int[ArrayLike, ""]) -> int:
     # Step counts are static: a concrete 0-d array becomes the Python int it holds
     # (an integer array supports `__index__`; anything else raises a TypeError).
     return operator.index(cast(SupportsIndex, value))
@@ -22,12 +22,6 @@ def _as_static_int(value: int | Int[ArrayLike, ""]) -> int:
 
 def _as_static_ints(values) -> tuple[int, ...]:
     return tuple(operator.index(value) for value in values)
-
-
-@no_type_check  # called when classes are defined: not worth a check at import
-def static_steps(**kwargs):
-    """A static field holding a number of steps, a Python `int`."""
-    return eqx.field(static=True, converter=_as_static_int, **kwargs)
 
 
 class _Number:

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
 from .._hyper import as_scalar
-from ._base import AbstractSchedule, broadcast_to_count, static_steps
+from ._base import AbstractSchedule, as_static_int, broadcast_to_count
 
 
 def _polynomial(
@@ -55,8 +55,8 @@ class PolynomialSchedule(AbstractSchedule):
     init_value: Float[Array, ""] = eqx.field(converter=as_scalar)
     end_value: Float[Array, ""] = eqx.field(converter=as_scalar)
     power: Float[Array, ""] = eqx.field(converter=as_scalar)
-    transition_steps: int = static_steps()
-    transition_begin: int = static_steps(default=0)
+    transition_steps: int = eqx.field(static=True, converter=as_static_int)
+    transition_begin: int = eqx.field(static=True, converter=as_static_int, default=0)
 
     def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         return _polynomial(
@@ -118,8 +118,8 @@ class LinearSchedule(AbstractSchedule):
 
     init_value: Float[Array, ""] = eqx.field(converter=as_scalar)
     end_value: Float[Array, ""] = eqx.field(converter=as_scalar)
-    transition_steps: int = static_steps()
-    transition_begin: int = static_steps(default=0)
+    transition_steps: int = eqx.field(static=True, converter=as_static_int)
+    transition_begin: int = eqx.field(static=True, converter=as_static_int, default=0)
 
     def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         return _linear(
@@ -179,7 +179,7 @@ class WarmupConstantSchedule(AbstractSchedule):
 
     init_value: Float[Array, ""] = eqx.field(converter=as_scalar)
     peak_value: Float[Array, ""] = eqx.field(converter=as_scalar)
-    warmup_steps: int = static_steps()
+    warmup_steps: int = eqx.field(static=True, converter=as_static_int)
 
     def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         return _linear(self.init_value, self.peak_value, self.warmup_steps, 0, count)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
 from .._hyper import as_scalar
-from ._base import AbstractSchedule, static_steps
+from ._base import AbstractSchedule, as_static_int
 from ._basic import _linear
 from ._join import JoinSchedules
 
@@ -56,7 +56,7 @@ class CosineDecaySchedule(AbstractSchedule):
     """
 
     init_value: Float[Array, ""] = eqx.field(converter=as_scalar)
-    decay_steps: int = static_steps()
+    decay_steps: int = eqx.field(static=True, converter=as_static_int)
     alpha: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
     exponent: Float[Array, ""] = eqx.field(default=1.0, converter=as_scalar)
 
@@ -127,8 +127,8 @@ class WarmupCosineDecaySchedule(AbstractSchedule):
 
     init_value: Float[Array, ""] = eqx.field(converter=as_scalar)
     peak_value: Float[Array, ""] = eqx.field(converter=as_scalar)
-    warmup_steps: int = static_steps()
-    decay_steps: int = static_steps()
+    warmup_steps: int = eqx.field(static=True, converter=as_static_int)
+    decay_steps: int = eqx.field(static=True, converter=as_static_int)
     end_value: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
     exponent: Float[Array, ""] = eqx.field(default=1.0, converter=as_scalar)
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
 from .._hyper import as_optional_scalar, as_scalar
-from ._base import AbstractSchedule, broadcast_to_count, static_steps
+from ._base import AbstractSchedule, as_static_int, broadcast_to_count
 from ._basic import _linear
 
 
@@ -75,9 +75,9 @@ class ExponentialDecaySchedule(AbstractSchedule):
     """
 
     init_value: Float[Array, ""] = eqx.field(converter=as_scalar)
-    transition_steps: int = static_steps()
+    transition_steps: int = eqx.field(static=True, converter=as_static_int)
     decay_rate: Float[Array, ""] = eqx.field(converter=as_scalar)
-    transition_begin: int = static_steps(default=0)
+    transition_begin: int = eqx.field(static=True, converter=as_static_int, default=0)
     staircase: bool = eqx.field(static=True, default=False)
     end_value: Float[Array, ""] | None = eqx.field(
         default=None, converter=as_optional_scalar
@@ -155,10 +155,10 @@ class WarmupExponentialDecaySchedule(AbstractSchedule):
 
     init_value: Float[Array, ""] = eqx.field(converter=as_scalar)
     peak_value: Float[Array, ""] = eqx.field(converter=as_scalar)
-    warmup_steps: int = static_steps()
-    transition_steps: int = static_steps()
+    warmup_steps: int = eqx.field(static=True, converter=as_static_int)
+    transition_steps: int = eqx.field(static=True, converter=as_static_int)
     decay_rate: Float[Array, ""] = eqx.field(converter=as_scalar)
-    transition_begin: int = static_steps(default=0)
+    transition_begin: int = eqx.field(static=True, converter=as_static_int, default=0)
     staircase: bool = eqx.field(static=True, default=False)
     end_value: Float[Array, ""] | None = eqx.field(
         default=None, converter=as_optional_scalar

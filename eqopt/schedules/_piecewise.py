@@ -10,8 +10,8 @@ from .._hyper import as_scalar, check_hyperparameter
 from ._base import (
     AbstractSchedule,
     _as_static_ints,
+    as_static_int,
     broadcast_to_count,
-    static_steps,
 )
 
 
@@ -269,7 +269,7 @@ class CosineOnecycleSchedule(AbstractSchedule):
     [arXiv:1708.07120](https://arxiv.org/abs/1708.07120).
     """
 
-    transition_steps: int = static_steps()
+    transition_steps: int = eqx.field(static=True, converter=as_static_int)
     peak_value: Float[Array, ""] = eqx.field(converter=as_scalar)
     pct_start: float | int = eqx.field(static=True, default=0.3)
     div_factor: Float[Array, ""] = eqx.field(default=25.0, converter=as_scalar)
@@ -348,7 +348,7 @@ class LinearOnecycleSchedule(AbstractSchedule):
     [arXiv:1708.07120](https://arxiv.org/abs/1708.07120).
     """
 
-    transition_steps: int = static_steps()
+    transition_steps: int = eqx.field(static=True, converter=as_static_int)
     peak_value: Float[Array, ""] = eqx.field(converter=as_scalar)
     pct_start: float | int = eqx.field(static=True, default=0.3)
     pct_final: float | int = eqx.field(static=True, default=0.85)
