@@ -13,9 +13,11 @@ import importlib
 import re
 from pathlib import Path
 
-from helpers import Case, build
+from helpers import Case, build, spec_like
 
-__all__ = ["ALL_CASES", "Case", "build"]
+# `Case` and `spec_like` are re-exported for case files that import them from here
+# (the family files import them from helpers).
+__all__ = ["ALL_CASES", "Case", "build", "spec_like"]
 
 _DEFINES_CASES = re.compile(r"^TRANSFORM_CASES\s*[:=]", re.MULTILINE)
 

@@ -1,5 +1,6 @@
 """The README's first command: the digits example trains, reports accuracy and saves a plot."""
 
+import os
 import pathlib
 import re
 import subprocess
@@ -23,6 +24,13 @@ def test_train_digits_example(tmp_path):
         text=True,
         timeout=600,
         check=True,
+        # The eqopt of this checkout, whatever `pip install -e` points at.
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
+            ),
+        },
     )
     accuracy = float(re.search(r"held-out accuracy: ([0-9.]+)", result.stdout).group(1))
     assert accuracy >= 0.9, result.stdout
