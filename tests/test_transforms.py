@@ -16,6 +16,16 @@ import eqopt
 CASE_IDS = [case.name for case in ALL_CASES]
 
 
+def _extra(case, model, grads) -> dict:
+    """The case's extra keyword arguments for `update` (e.g. a line search's objective)."""
+    return {} if case.extra_args is None else case.extra_args(model, grads)
+
+
+def _for_optax(extra: dict) -> dict:
+    """Extra arguments for Optax: a model-shaped value (a `grad`) as Optax's dict params."""
+    return {k: as_dict(v) if isinstance(v, Model) else v for k, v in extra.items()}
+
+
 def loss(model: Model) -> jax.Array:
     x = jnp.arange(4.0)
     y = model.activation(jnp.real(x @ model.w + model.b)) * jnp.real(model.s)
@@ -30,7 +40,7 @@ def test_whole_model_init_update(case):
     grads = eqx.filter_grad(loss)(model)
     assert grads.activation is None and grads.indices is None and grads.name is None
     for _ in range(2):
-        updates, state = tx.update(grads, state, model)
+        updates, state = tx.update(grads, state, model, **_extra(case, model, grads))
         # Non-trainable leaves get None; trainable ones keep their shape.
         assert updates.activation is None and updates.indices is None
         assert updates.w.shape == (4, 3) and updates.s.shape == ()
@@ -51,7 +61,7 @@ def test_jit_no_retrace_when_hyperparameter_changes(case):
     def step(tx, model, state):
         traces.append(None)
         grads = eqx.filter_grad(loss)(model)
-        updates, state = tx.update(grads, state, model)
+        updates, state = tx.update(grads, state, model, **_extra(case, model, grads))
         return eqopt.apply_updates(model, updates), state
 
     state = tx.init(model)
@@ -80,7 +90,8 @@ def test_state_is_typed_module_and_serialises(case):
     tx = build(case.make, model)
     state = tx.init(model)
     assert isinstance(state, eqx.Module)
-    _, state = tx.update(eqx.filter_grad(loss)(model), state, model)
+    grads = eqx.filter_grad(loss)(model)
+    _, state = tx.update(grads, state, model, **_extra(case, model, grads))
     buffer = io.BytesIO()
     eqx.tree_serialise_leaves(buffer, state)
     buffer.seek(0)
@@ -119,10 +130,10 @@ def test_parity_with_optax(case, dtype):
     atol = 2e-2 if low_precision else case.atol
     for step in range(case.steps):
         grads = random_grads(model, step)
-        extra = {} if case.extra_args is None else case.extra_args(model, grads)
+        extra = _extra(case, model, grads)
         updates, state = tx.update(grads, state, model, **extra)
         reference_updates, reference_state = reference.update(
-            as_dict(grads), reference_state, params, **extra
+            as_dict(grads), reference_state, params, **_for_optax(extra)
         )
         assert_tree_allclose(as_dict(updates), reference_updates, rtol=rtol, atol=atol)
         model = eqopt.apply_updates(model, updates)
