@@ -7,8 +7,8 @@ import numpy as np
 import optax
 import pytest
 from _objectives import extra_args_with_gradient, jit_update
-from helpers import assert_tree_allclose, make_model
-from registry import Case
+from helpers import Case, make_model
+
 
 import eqopt
 

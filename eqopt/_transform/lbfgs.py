@@ -185,10 +185,16 @@ class ScaleByLBFGS(AbstractGradientTransformation):
         newest = (state.count - 1) % self.memory_size
 
         def remember(memory, diff):
+            if memory is None or diff is None:  # not trained, or no update this step
+                return memory
             return jnp.where(first, memory, memory.at[newest].set(diff))
 
-        diff_params_memory = _map(remember, state.diff_params_memory, diff_params)
-        diff_updates_memory = _map(remember, state.diff_updates_memory, diff_updates)
+        diff_params_memory = jax.tree.map(
+            remember, state.diff_params_memory, diff_params, is_leaf=is_none
+        )
+        diff_updates_memory = jax.tree.map(
+            remember, state.diff_updates_memory, diff_updates, is_leaf=is_none
+        )
         weights_memory = jnp.where(
             first,
             state.weights_memory,
