@@ -136,6 +136,25 @@ with _jaxtyping.install_import_hook("eqopt", "eqopt._typecheck.typechecker"):
         AddDecayedWeights as AddDecayedWeights,
         add_decayed_weights as add_decayed_weights,
     )
+
+    # L-BFGS and line searches (issue 7).
+    from ._transform.lbfgs import (
+        ScaleByLBFGS as ScaleByLBFGS,
+        ScaleByLBFGSState as ScaleByLBFGSState,
+        lbfgs as lbfgs,
+        scale_by_lbfgs as scale_by_lbfgs,
+    )
+    from ._transform.linesearch import (
+        BacktrackingLinesearchInfo as BacktrackingLinesearchInfo,
+        ScaleByBacktrackingLinesearch as ScaleByBacktrackingLinesearch,
+        ScaleByBacktrackingLinesearchState as ScaleByBacktrackingLinesearchState,
+        ScaleByZoomLinesearch as ScaleByZoomLinesearch,
+        ScaleByZoomLinesearchState as ScaleByZoomLinesearchState,
+        ZoomLinesearchInfo as ZoomLinesearchInfo,
+        scale_by_backtracking_linesearch as scale_by_backtracking_linesearch,
+        scale_by_zoom_linesearch as scale_by_zoom_linesearch,
+        value_and_grad_from_state as value_and_grad_from_state,
+    )
     from ._transform.misc import (
         Centralize as Centralize,
         KeepParamsNonnegative as KeepParamsNonnegative,
@@ -262,6 +281,7 @@ with _jaxtyping.install_import_hook("eqopt", "eqopt._typecheck.typechecker"):
         softmax_cross_entropy_with_integer_labels as softmax_cross_entropy_with_integer_labels,
         squared_error as squared_error,
     )
+    from .monte_carlo import multi_normal as multi_normal
     from .schedules import (
         AbstractSchedule as AbstractSchedule,
         ConstantSchedule as ConstantSchedule,

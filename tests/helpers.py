@@ -107,8 +107,9 @@ class Case:
     optax: Callable[..., Any] | None = None
     #: Parameter dtypes for the parity test. Complex only where Optax supports it.
     dtypes: tuple[str, ...] = ("float32", "bfloat16")
-    #: Extra keyword arguments passed to both `update`s (such as `value`), from
-    #: `(params, grads)`: the model, or a dict of arrays in the elementwise test.
+    #: Extra keyword arguments for `update`, built from `(model, grads)` at each step and
+    #: passed to every generic test's `update`; Optax gets a model-shaped value (a
+    #: line search's `grad`) as its dict params.
     extra_args: Callable[[Any, Any], dict] | None = None
     #: Tolerances for float32 parity; bfloat16 uses loose ones. eqopt keeps
     #: hyperparameters as float32 leaves, so `1 - b2` is rounded in float32 where

@@ -101,8 +101,8 @@ def test_signature_matches_optax(ours, reference):
 def _same_default(ours, theirs) -> bool:
     if ours is theirs:
         return True
-    # A default transform (Sophia's Hutchinson estimator): an eqopt transform
-    # stands for Optax's `GradientTransformation(ExtraArgs)` pair.
+    # A default transform (Sophia's Hutchinson estimator, lbfgs's line search): an
+    # eqopt transform stands for Optax's `GradientTransformation(ExtraArgs)` pair.
     if isinstance(ours, eqopt.AbstractGradientTransformation):
         return type(theirs).__name__.startswith("GradientTransformation")
     simple = (type(None), bool, int, float, complex, str, tuple)

@@ -329,3 +329,29 @@ def test_errors():
         mc.pathwise_jacobians(quadratic, [], mc.multi_normal, key, 10)
     with pytest.raises(jaxtyping.TypeCheckError):
         mc.pathwise_jacobians(quadratic, [MEAN, LOG_SCALE], mc.multi_normal, key, 2.5)
+
+
+def test_top_level_multi_normal_is_optax():
+    """`eqopt.multi_normal` is Optax 0.2.8's `optax.multi_normal`: same samples
+    for the same key (given as `key`, Optax's name), same log-density."""
+    import optax
+
+    import eqopt
+
+    loc, log_scale = jnp.array([0.0, 1.0, 2.0]), jnp.array([0.1, 0.2, -0.3])
+    ours, theirs = (
+        eqopt.multi_normal(loc, log_scale),
+        optax.multi_normal(loc, log_scale),
+    )
+    key = jax.random.key(0)
+    x = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
+    with jax.numpy_rank_promotion("allow"):  # Optax broadcasts implicitly
+        their_samples = theirs.sample((4,), key=key)
+        their_log_prob = theirs.log_prob(x)
+    np.testing.assert_allclose(ours.sample((4,), key=key), their_samples, rtol=1e-6)
+    np.testing.assert_allclose(ours.sample((4,), key), ours.sample((4,), seed=key))
+    np.testing.assert_allclose(ours.log_prob(x), their_log_prob, rtol=1e-6)
+    np.testing.assert_allclose(ours.params[1], theirs.params[1])
+    assert eqopt.multi_normal is mc.multi_normal
+    with pytest.raises(TypeError, match="give the random key once"):
+        ours.sample((4,))

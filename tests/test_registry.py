@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import optax
 import pytest
 from helpers import (
+    Model,
     as_dict,
     assert_tree_allclose,
     make_model,
@@ -23,8 +24,13 @@ CASE_IDS = [case.name for case in ALL_CASES]
 
 
 def _extra(case, model, grads) -> dict:
-    """The case's extra keyword arguments for `update` (such as `value`)."""
+    """The case's extra keyword arguments for `update` (e.g. a line search's objective)."""
     return {} if case.extra_args is None else case.extra_args(model, grads)
+
+
+def _for_optax(extra: dict) -> dict:
+    """Extra arguments for Optax: a model-shaped value (a `grad`) as Optax's dict params."""
+    return {k: as_dict(v) if isinstance(v, Model) else v for k, v in extra.items()}
 
 
 @pytest.mark.parametrize("case", ALL_CASES, ids=CASE_IDS)
@@ -149,7 +155,7 @@ def test_parity_with_optax(case, dtype):
         extra = _extra(case, model, grads)
         updates, state = tx.update(grads, state, model, **extra)
         reference_updates, reference_state = reference.update(
-            as_dict(grads), reference_state, params, **extra
+            as_dict(grads), reference_state, params, **_for_optax(extra)
         )
         assert_tree_allclose(as_dict(updates), reference_updates, rtol=rtol, atol=atol)
         model = eqopt.apply_updates(model, updates)

@@ -43,20 +43,34 @@ class MultiNormalDiagFromLogScale(eqx.Module):
         """The parameters `[loc, log_scale]`, in the order `multi_normal` takes them."""
         return [self.loc, self.log_scale]
 
-    def sample(self, shape: Sequence[int], seed: PRNGKeyArray) -> Float[Array, "..."]:
+    def sample(
+        self,
+        shape: Sequence[int],
+        key: PRNGKeyArray | None = None,
+        *,
+        seed: PRNGKeyArray | None = None,
+    ) -> Float[Array, "..."]:
         """Draws samples $x = \\mu + \\sigma\\,\\varepsilon$, $\\varepsilon \\sim \\mathcal N(0, I)$,
         differentiable with respect to the parameters (reparameterisation).
 
         **Arguments:**
 
         - `shape`: the sample shape, prepended to the event shape.
-        - `seed`: a JAX random key.
+        - `key`: a JAX random key (Optax's name for it).
+        - `seed`: the same, under the name the Monte Carlo estimators of older
+          Optax releases pass it by; give one of the two.
 
         **Returns:** an array of shape `tuple(shape) + param_shape`.
         """
+        if (key is None) == (seed is None):
+            raise TypeError(
+                "MultiNormalDiagFromLogScale.sample: give the random key once, as "
+                "`key` (or `seed`)."
+            )
+        key = seed if key is None else key
         full_shape = tuple(shape) + self.param_shape
         dtype = jnp.result_type(self.loc, self.log_scale)
-        noise = jax.random.normal(seed, full_shape, dtype)
+        noise = jax.random.normal(key, full_shape, dtype)
         return noise * jnp.broadcast_to(self.scale, full_shape) + jnp.broadcast_to(
             self.loc, full_shape
         )
