@@ -102,7 +102,7 @@ def make_step(opt, loss):
 def iterations_to_reach(opt, loss, model, target, max_iterations):
     step, traces = make_step(opt, loss)
     state = opt.init(model)
-    for iteration in range(1, max_iterations + 1):
+    for iteration in range(1, max_iterations + 1):  # noqa: B007 (returned)
         model, state = step(model, state)
         if loss(model) < target:
             break

@@ -304,7 +304,7 @@ def test_extra_arguments_reach_value_fn_as_in_optax_example(search):
         params = jnp.array([1.0, 2.0, 3.0])
         state = solver.init(params)
         values = []
-        for x, y in zip(xs, ys):
+        for x, y in zip(xs, ys, strict=False):
             value, grad = jax.value_and_grad(_data_fn)(params, x, y)
             # eqopt ignores an extra argument that the function does not take (a
             # chain forwards every extra argument to every part); Optax raises.

@@ -80,7 +80,9 @@ def _real_inner(x, y):
     """
     total = None
     for a, b in zip(
-        jax.tree.leaves(x, is_leaf=is_none), jax.tree.leaves(y, is_leaf=is_none)
+        jax.tree.leaves(x, is_leaf=is_none),
+        jax.tree.leaves(y, is_leaf=is_none),
+        strict=False,
     ):
         if a is None or b is None:
             continue
@@ -574,7 +576,10 @@ class ScaleByZoomLinesearch(AbstractGradientTransformation):
                 *conditional, default = pairs
                 out = default
                 for condition, triple in reversed(conditional):
-                    out = tuple(jnp.where(condition, a, b) for a, b in zip(triple, out))
+                    out = tuple(
+                        jnp.where(condition, a, b)
+                        for a, b in zip(triple, out, strict=False)
+                    )
                 return out
 
             new_low = choose(
