@@ -70,6 +70,7 @@ class MultiNormalDiagFromLogScale(eqx.Module):
         key = seed if key is None else key
         full_shape = tuple(shape) + self.param_shape
         dtype = jnp.result_type(self.loc, self.log_scale)
+        assert key is not None  # one of the two was given, checked above
         noise = jax.random.normal(key, full_shape, dtype)
         return noise * jnp.broadcast_to(self.scale, full_shape) + jnp.broadcast_to(
             self.loc, full_shape
