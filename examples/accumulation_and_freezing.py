@@ -41,6 +41,7 @@ MICRO_BATCH = 32
 EVERY_K = 4  # micro-batches per update: an effective batch of 128
 
 
+@eqx.filter_jit
 def make_data(key, num_points: int = 4096, in_size: int = 8):
     """Inputs and targets from a random "teacher" MLP, plus noise."""
     x_key, teacher_key, noise_key = jax.random.split(key, 3)

@@ -63,6 +63,7 @@ class Regressor(eqx.Module):
         return self.mlp(self.dropout(x, key=key))
 
 
+@eqx.filter_jit
 def make_data(key, num_points: int = 2048):
     x_key, noise_key = jax.random.split(key)
     x = jax.random.normal(x_key, (num_points, 4))

@@ -35,6 +35,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 TRACE_COUNT = 0
 
 
+@eqx.filter_jit
 def make_data(key, num_points: int = 256):
     """Noisy samples of a wiggly curve on [-1, 1]."""
     x_key, noise_key = jax.random.split(key)

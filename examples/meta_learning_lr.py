@@ -37,6 +37,7 @@ POINTS = 20  # training points and held-out points per task
 TASKS = 16  # tasks per meta-step
 
 
+@eqx.filter_jit
 def sample_tasks(key, num_tasks: int):
     """Sine waves `a sin(x + phase)`, each with its own training and held-out points."""
     amp_key, phase_key, x_key = jax.random.split(key, 3)
@@ -121,8 +122,10 @@ def main():
     model = eqx.nn.MLP(1, 1, 40, 2, activation=jax.nn.tanh, key=model_key)
     opt = eqopt.adam(args.initial_lr)
 
-    # Meta-optimise the log learning rate (positive, and scale-free steps).
-    log_lr = jnp.log(jnp.asarray(args.initial_lr))
+    # Meta-optimise the log learning rate (positive, and scale-free steps). A
+    # float32 array, not a Python float: the updated one has the same type, so
+    # `meta_step` compiles once.
+    log_lr = jnp.log(jnp.asarray(args.initial_lr, dtype=jnp.float32))
     meta_opt = eqopt.adam(0.1)
     meta_state = meta_opt.init(log_lr)
     learning_rates, meta_losses = [], []

@@ -53,6 +53,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 IN_SIZE, WIDTH, OUT_SIZE = 16, 64, 4
 
 
+@eqx.filter_jit
 def make_data(key, num_points: int = 512):
     x_key, w_key = jax.random.split(key)
     x = jax.random.normal(x_key, (num_points, IN_SIZE))

@@ -1,0 +1,122 @@
+"""The gallery: every example in `examples/` runs in its `--short` mode and shows what it claims."""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+import eqopt
+
+ROOT = pathlib.Path(__file__).parent.parent
+
+
+def run_example(name, tmp_path, *extra):
+    """Runs `examples/<name>.py --short`; returns its stdout and the plot's path."""
+    out = tmp_path / f"{name}.png"
+    env = dict(os.environ, MPLBACKEND="Agg")
+    # This checkout's eqopt, whatever is installed.
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    env.pop("XLA_FLAGS", None)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / f"{name}.py"), "--short"]
+        + ["--out", str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout, out
+
+
+def number(pattern, text):
+    match = re.search(pattern, text)
+    assert match is not None, f"{pattern!r} not in:\n{text}"
+    return float(match.group(1))
+
+
+def assert_plot(path):
+    assert path.exists() and path.stat().st_size > 10_000, path
+
+
+def test_lr_sweep_vmap(tmp_path):
+    stdout, plot = run_example("lr_sweep_vmap", tmp_path)
+    # One trace for all learning rates: the sweep is one compiled program.
+    assert "traced train_chunk 1 time(s) for 8 learning rates" in stdout, stdout
+    assert "learning_rate=f32[8]" in stdout, stdout
+    finals = [float(v) for v in re.findall(r"^\s+\S+e[-+]\d+\s+(\S+)$", stdout, re.M)]
+    assert len(finals) == 8, stdout
+    best = number(r"best learning rate: (\S+)", stdout)
+    assert 1e-3 <= best <= 1e-1, stdout
+    assert min(finals) < 0.02 and max(finals) > 5 * min(finals), stdout
+    assert_plot(plot)
+
+
+def test_meta_learning_lr(tmp_path):
+    stdout, plot = run_example("meta_learning_lr", tmp_path)
+    # The hypergradient says "increase the learning rate" at the start...
+    assert number(r"learning_rate: ([-+0-9.e]+)", stdout) < 0, stdout
+    # ...and following it raises the learning rate and lowers the held-out loss.
+    learned = number(r"learned learning rate: (\S+)", stdout)
+    assert 3e-3 < learned < 5e-2, stdout
+    before, after = re.search(r"new tasks: (\S+) -> (\S+)", stdout).groups()
+    assert float(after) < 0.8 * float(before), stdout
+    assert_plot(plot)
+
+
+def test_accumulation_and_freezing(tmp_path):
+    stdout, plot = run_example("accumulation_and_freezing", tmp_path)
+    assert "Adam moments kept for the frozen layer: None" in stdout, stdout
+    assert "updates made by MultiSteps: 25" in stdout, stdout
+    assert number(r"two trained models: (\S+)", stdout) < 1e-5, stdout
+    assert "frozen layer unchanged: True" in stdout, stdout
+    changes = re.search(r"weight change per layer: (.*)", stdout).group(1)
+    first, *rest = (float(c) for c in changes.split(","))
+    assert first == 0 and all(c > 0 for c in rest), stdout
+    assert_plot(plot)
+
+
+def test_checkpointing(tmp_path):
+    stdout, plot = run_example("checkpointing", tmp_path)
+    assert "equinox: restored the checkpoint of step 20" in stdout, stdout
+    assert "equinox: final model and optimiser state bit-identical: True" in stdout
+    assert "equinox: losses after the restart identical: True" in stdout
+    if "orbax" in stdout:
+        assert "orbax keeps the checkpoints of steps [10, 20]" in stdout, stdout
+        assert "orbax: final model and optimiser state bit-identical: True" in stdout
+    assert "False" not in stdout, stdout
+    assert_plot(plot)
+
+
+def test_sharding(tmp_path):
+    stdout, plot = run_example("sharding", tmp_path)
+    assert stdout.startswith("8 devices"), stdout
+    table = re.search(r"^\.layers\[1\]\.weight .*$", stdout, re.M).group(0)
+    assert table.count("P(None, 'model')") == 3, stdout  # param, mu, nu
+    assert "every moment has its parameter's sharding: True" in stdout, stdout
+    assert "one step matches the unsharded step: True" in stdout, stdout
+    assert "parameters kept their shardings: True" in stdout, stdout
+    assert "still has its parameter's sharding: True" in stdout, stdout
+    final, first = re.search(r"final loss: (\S+) \(first (\S+)\)", stdout).groups()
+    assert float(final) < 0.5 * float(first), stdout
+    assert_plot(plot)
+
+
+@pytest.mark.skipif(
+    not hasattr(eqopt, "lbfgs"), reason="eqopt.lbfgs is not in this checkout yet"
+)
+def test_lbfgs_fitting(tmp_path):
+    stdout, plot = run_example("lbfgs_fitting", tmp_path)
+    fit = re.search(r"L-BFGS fit: +(.*)", stdout).group(1)
+    values = dict(item.rsplit(" ", 1) for item in fit.split(", "))
+    assert abs(float(values["frequency"]) - 3.0) < 0.05, stdout
+    assert abs(float(values["decay"]) - 0.3) < 0.05, stdout
+    assert number(r"L-BFGS final loss: (\S+)", stdout) < 0.011, stdout
+    assert number(r"L-BFGS within 0.1% of the best loss: after (\d+)", stdout) < 30
+    assert_plot(plot)
