@@ -74,6 +74,8 @@ class FromOptax(AbstractGradientTransformation):
     !!! example
 
         ```python
+        import optax
+
         opt = eqopt.chain(eqopt.clip_by_global_norm(1.0), eqopt.from_optax(optax.adam(1e-3)))
         state = opt.init(model)  # a whole Equinox model
         ```
@@ -195,6 +197,9 @@ def to_optax(transform: Any) -> OptaxTransformation:
     !!! example "Flax NNX"
 
         ```python
+        from flax import nnx
+
+        model = nnx.Linear(2, 1, rngs=nnx.Rngs(0))
         optimizer = nnx.Optimizer(model, eqopt.to_optax(eqopt.adam(1e-3)), wrt=nnx.Param)
         ```
     """

@@ -288,6 +288,9 @@ def lbfgs(
     !!! example
 
         ```python
+        def loss(model):
+            return loss_fn(model, x, y)
+
         opt = eqopt.lbfgs()
         state = opt.init(model)
         value_and_grad = eqopt.value_and_grad_from_state(loss)

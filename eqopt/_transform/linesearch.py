@@ -1026,7 +1026,11 @@ def value_and_grad_from_state(
     !!! example
 
         ```python
+        def loss(model):
+            return loss_fn(model, x, y)
+
         opt = eqopt.lbfgs()
+        state = opt.init(model)
         value_and_grad = eqopt.value_and_grad_from_state(loss)
         value, grad = value_and_grad(model, state=state)
         updates, state = opt.update(grad, state, model, value=value, grad=grad, value_fn=loss)

@@ -337,7 +337,7 @@ class InjectStatefulHyperparams(_AbstractInjectHyperparams):
 
     **Arguments:** as [`eqopt.InjectHyperparams`][].
 
-    !!! example
+    !!! note "Example, with a stateful schedule of your own"
 
         ```python
         opt = eqopt.inject_stateful_hyperparams(eqopt.scale_by_learning_rate)(

@@ -201,6 +201,8 @@ def reduce_on_plateau(
 
         ```python
         opt = eqopt.chain(eqopt.adam(1e-3), eqopt.contrib.reduce_on_plateau(patience=5))
+        state = opt.init(model)
+        loss = loss_fn(model, x, y)
         updates, state = opt.update(grads, state, model, value=loss)
         ```
     """

@@ -50,6 +50,8 @@ class AbstractStatefulSchedule(eqx.Module):
         opt = eqopt.inject_hyperparams(eqopt.scale_by_learning_rate)(
             learning_rate=HalveOnIncrease(0.1)
         )
+        state = opt.init(model)
+        loss = loss_fn(model, x, y)
         updates, state = opt.update(grads, state, model, loss=loss)
         ```
     """
