@@ -26,7 +26,9 @@ SCRIPT = textwrap.dedent(
     from registry import ALL_CASES, build
 
     assert len(jax.devices()) == 8
-    mesh = jax.make_mesh((2, 4), ("a", "b"))
+    # Auto axes: sharding propagates through every operation (the default of
+    # `jax.sharding.Mesh`; `jax.make_mesh` defaults to explicit axes in recent JAX).
+    mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
     row = NamedSharding(mesh, P("a", None))
 
     def shard(model):

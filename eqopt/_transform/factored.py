@@ -165,7 +165,7 @@ class ScaleByFactoredRms(AbstractGradientTransformation):
             dtype = _real_dtype(p.dtype)
             dims = self._dims(p.shape)
             if dims is None:
-                return (None, None, jnp.zeros(p.shape, dtype))
+                return (None, None, jnp.zeros_like(p, dtype))  # p's sharding
             second, largest = dims
             return (
                 jnp.zeros(_without(p.shape, largest), dtype),

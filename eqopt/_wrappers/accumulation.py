@@ -213,7 +213,7 @@ class MultiSteps(AbstractGradientTransformation):
                 if self.accumulator_dtype is None
                 else jnp.promote_types(self.accumulator_dtype, p.dtype)
             )
-            return jnp.zeros(p.shape, dtype)
+            return jnp.zeros_like(p, dtype)  # keeps the parameter's sharding
 
         return jax.tree.map(zeros, params)
 

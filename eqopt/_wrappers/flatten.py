@@ -15,6 +15,7 @@ from .._base import (
     is_none,
     is_trainable,
 )
+from .._sharding import gathered
 
 
 @no_type_check
@@ -40,7 +41,7 @@ def _ravel(tree: Any, positions: list[int], like: Any) -> Any:
     pieces = [
         jnp.zeros(like_leaves[i].size, dtype)
         if leaves[i] is None
-        else jnp.ravel(leaves[i]).astype(dtype)
+        else jnp.ravel(gathered(leaves[i])[0]).astype(dtype)
         for i in positions
     ]
     return jnp.concatenate(pieces) if len(pieces) > 1 else pieces[0]
@@ -60,7 +61,9 @@ def _unravel(flat: Any, updates: Any, positions: list[int], like: Any) -> Any:
             piece = flat[offset : offset + size].reshape(reference.shape)
             if jnp.iscomplexobj(piece) and not jnp.iscomplexobj(leaves[i]):
                 piece = jnp.real(piece)
-            out[i] = piece.astype(leaves[i].dtype)
+            # Under explicit sharding the vector is replicated; each piece goes
+            # back to its gradient's sharding.
+            out[i] = gathered(leaves[i])[1](piece.astype(leaves[i].dtype))
         offset += size
     return jax.tree.unflatten(treedef, out)
 

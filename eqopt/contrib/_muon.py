@@ -29,6 +29,7 @@ from .._hyper import (
     check_hyperparameter,
 )
 from .._numerics import debias, safe_int32_increment
+from .._sharding import gathered
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
 from ._dimension_numbers import (
@@ -131,12 +132,15 @@ def _newton_schulz(x, coefficients, steps, preconditioning, eps):
 @no_type_check
 def orthogonalize(x, dimension_numbers, coefficients, steps, preconditioning, eps):
     """Newton–Schulz orthogonalisation of each matrix of `x` under its dimension numbers."""
+    # Under explicit sharding the iteration runs on the gathered matrix (its
+    # matmuls contract every dimension) and the result is sharded like `x`.
+    x, shard_like_x = gathered(x)
     to_matrix, from_matrix = matrix_view(x.shape, dimension_numbers)
     matrices = to_matrix(x)
     out = jax.vmap(
         lambda m: _newton_schulz(m, coefficients, steps, preconditioning, eps)
     )(matrices)
-    return from_matrix(out).astype(x.dtype)
+    return shard_like_x(from_matrix(out).astype(x.dtype))
 
 
 class MuonState(eqx.Module):

@@ -6,11 +6,11 @@ import operator
 from typing import Any
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, PyTree, Real, Shaped
 
 from .._numerics import abs_squared
+from .._sharding import inner
 from ._paths import (
     array_leaves,
     check_broadcast,
@@ -317,7 +317,7 @@ def vdot(tree_x: PyTree, tree_y: PyTree) -> Shaped[Array, ""]:
                 f"vdot: the leaves at {path_str(path)} have different shapes "
                 f"({list(jnp.shape(x))} in `tree_x`, {list(jnp.shape(y))} in `tree_y`)."
             )
-        products.append(jnp.vdot(x, y, precision=jax.lax.Precision.HIGHEST))
+        products.append(inner(x, y))
     return functools.reduce(operator.add, products, jnp.asarray(0))
 
 
