@@ -18,9 +18,10 @@ micro-batches of 32 with `MultiSteps`, and checks that the two runs agree and
 that the frozen layer never moved.
 
     python examples/accumulation_and_freezing.py --out accumulation_and_freezing.png
-    python examples/accumulation_and_freezing.py --short     # a few seconds, for CI
+    python examples/accumulation_and_freezing.py --short     # the quick run the tests use
 
-Runs on CPU in a few seconds.
+About 20 s on a 2-core CPU; `--short` (what the tests run) about 15 s,
+most of it start-up and compilation.
 """
 
 import argparse

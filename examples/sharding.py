@@ -23,9 +23,10 @@ a sharded dimension must be told its output sharding; `eqx.nn.Linear` does
 not take one.)
 
     python examples/sharding.py --out sharding.png
-    python examples/sharding.py --short     # a few seconds, for CI
+    python examples/sharding.py --short     # the quick run the tests use
 
-Runs on CPU in a few seconds.
+About 15 s on a 2-core CPU; `--short` (what the tests run) about 13 s,
+most of it start-up and compilation.
 """
 
 import os
