@@ -124,12 +124,14 @@ def identical(a, b) -> bool:
     a, b = eqx.filter(a, eqx.is_array), eqx.filter(b, eqx.is_array)
     if jax.tree.structure(a) != jax.tree.structure(b):
         return False
-    same = jax.tree.map(lambda u, v: bool(jnp.array_equal(u, v)), a, b)
+    same = jax.tree.map(lambda u, v: np.array_equal(u, v), a, b)  # on the host
     return all(jax.tree.leaves(same))
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--save-every", type=int, default=100)
     parser.add_argument("--crash-at", type=int, default=350)
@@ -172,7 +174,7 @@ def main():
             return
         checkpoint = {"step": jnp.asarray(step), "model": model, "opt_state": state}
         eqx.tree_serialise_leaves(eqx_path, checkpoint)
-        if manager is not None:
+        if ocp is not None and manager is not None:
             arrays = eqx.filter(checkpoint, eqx.is_array)
             manager.save(step, args=ocp.args.StandardSave(arrays))
 
@@ -187,7 +189,7 @@ def main():
     # 3. Restart: build fresh objects of the same structure, then restore into them.
     like = fresh_objects(opt, seed=12345)
     restored = {"equinox": eqx.tree_deserialise_leaves(eqx_path, like)}
-    if manager is not None:
+    if ocp is not None and manager is not None:
         arrays, static = eqx.partition(like, eqx.is_array)
         target = jax.tree.map(ocp.utils.to_shape_dtype_struct, arrays)
         latest = manager.latest_step()
@@ -223,7 +225,12 @@ def main():
             steps[-len(losses) :], losses, style, lw=1, label=f"resumed ({backend})"
         )
     ax.axvline(args.crash_at, color="C3", ls=":", label="crash")
-    ax.axvline(args.steps - len(losses), color="C2", ls=":", label="restored step")
+    ax.axvline(
+        args.crash_at // args.save_every * args.save_every,
+        color="C2",
+        ls=":",
+        label="restored step",
+    )
     ax.set(xlabel="step", ylabel="training loss", yscale="log")
     ax.set_title("Resuming from a checkpoint continues the same run")
     ax.legend(loc="upper right", ncol=2)

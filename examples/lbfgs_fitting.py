@@ -115,7 +115,9 @@ def describe(model) -> str:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--iterations", type=int, default=50, help="L-BFGS steps")
     parser.add_argument("--adam-steps", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)

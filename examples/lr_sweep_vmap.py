@@ -84,7 +84,9 @@ def train_chunk(opt, model, state, x, y, num_steps):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--num-rates", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)

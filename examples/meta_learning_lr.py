@@ -108,7 +108,9 @@ def landscape(opt, model, tasks, learning_rates):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--meta-steps", type=int, default=100)
     parser.add_argument("--initial-lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)

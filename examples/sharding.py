@@ -44,6 +44,7 @@ import jax.numpy as jnp  # noqa: E402
 import matplotlib  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import eqopt  # noqa: E402
@@ -122,8 +123,9 @@ def state_follows(model, state) -> bool:
 
 
 def max_difference(a, b):
+    """The largest absolute difference between two pytrees' arrays (on the host)."""
     diffs = jax.tree.map(
-        lambda u, v: float(jnp.max(jnp.abs(u - v))),
+        lambda u, v: float(np.max(np.abs(np.asarray(u) - np.asarray(v)))),
         eqx.filter(a, eqx.is_array),
         eqx.filter(b, eqx.is_array),
     )
@@ -143,7 +145,7 @@ def draw_blocks(ax, array, title):
     colours = plt.cm.tab10(np.linspace(0, 1, 10))
     for k, (((r0, r1), (c0, c1)), devices) in enumerate(sorted(holders.items())):
         ax.add_patch(
-            plt.Rectangle((c0, r0), c1 - c0, r1 - r0, color=colours[k % 10], alpha=0.5)
+            Rectangle((c0, r0), c1 - c0, r1 - r0, color=colours[k % 10], alpha=0.5)
         )
         label = (
             "all devices"
@@ -158,7 +160,9 @@ def draw_blocks(ax, array, title):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="sharding.png", help="plot file")
