@@ -112,7 +112,7 @@ def main():
 
     big_state = optimiser.init(model)
     micro_state = accumulating.init(model)
-    adam_state = micro_state.inner_opt_state.inner_state[0]
+    adam_state = micro_state.inner_opt_state.inner_state.scale_by_adam
     print(f"Adam moments kept for the frozen layer: {adam_state.mu.layers[0].weight}")
 
     big_model, micro_model = copy_model(model), copy_model(model)

@@ -100,13 +100,13 @@ def print_shardings(model, state):
     """Prints each parameter's sharding beside those of its two Adam moments."""
     adam = state.scale_by_adam
     paths = jax.tree_util.tree_flatten_with_path(eqx.filter(model, eqx.is_array))[0]
-    print(f"{'parameter':22}{'shape':10}{'param':20}{'mu':20}{'nu':20}")
+    print(f"{'parameter':19}{'shape':9}{'param':17}{'mu':17}{'nu'}")
     for (path, param), mu, nu in zip(
         paths, jax.tree.leaves(adam.mu), jax.tree.leaves(adam.nu), strict=True
     ):
         print(
-            f"{jax.tree_util.keystr(path):22}{str(param.shape):10}"
-            f"{spec_of(param):20}{spec_of(mu):20}{spec_of(nu):20}"
+            f"{jax.tree_util.keystr(path):19}{str(param.shape):9}"
+            f"{spec_of(param):17}{spec_of(mu):17}{spec_of(nu):17}".rstrip()
         )
 
 
@@ -150,7 +150,7 @@ def draw_blocks(ax, array, title):
         label = (
             "all devices"
             if len(devices) == len(jax.devices())
-            else "devices " + ", ".join(map(str, sorted(devices)))
+            else "devices\n" + ", ".join(map(str, sorted(devices)))
         )
         ax.text(
             (c0 + c1) / 2, (r0 + r1) / 2, label, ha="center", va="center", fontsize=10
@@ -171,7 +171,7 @@ def main():
     if args.short:
         args.steps = 20
 
-    print(f"{len(jax.devices())} devices: {jax.devices()}")
+    print(f"{jax.device_count()} devices ({jax.default_backend()})")
     mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
     data_key, model_key = jax.random.split(jax.random.key(args.seed))
     x, y = jax.device_get(make_data(data_key))  # on the host, like a data loader's
