@@ -21,9 +21,10 @@ in $\omega$). L-BFGS converges in a few dozen iterations; Adam, from the same
 start, is shown for comparison.
 
     python examples/lbfgs_fitting.py --out lbfgs_fitting.png
-    python examples/lbfgs_fitting.py --short     # a few seconds, for CI
+    python examples/lbfgs_fitting.py --short     # the quick run the tests use
 
-Runs on CPU in a few seconds.
+About 15 s on a 2-core CPU; `--short` (what the tests run) about 13 s,
+most of it start-up and compilation.
 """
 
 import argparse
@@ -114,7 +115,9 @@ def describe(model) -> str:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--iterations", type=int, default=50, help="L-BFGS steps")
     parser.add_argument("--adam-steps", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
