@@ -11,6 +11,7 @@ import optax
 import pytest
 
 import eqopt
+from eqopt._defaults import DefaultTransform
 
 NAMESPACES = [
     "losses",
@@ -104,6 +105,10 @@ def _same_default(ours, theirs) -> bool:
         return True
     # A default transform (Sophia's Hutchinson estimator, lbfgs's line search): an
     # eqopt transform stands for Optax's `GradientTransformation(ExtraArgs)` pair.
+    # eqopt writes it as a recipe, built when the function is called (no JAX work
+    # at import time).
+    if isinstance(ours, DefaultTransform):
+        ours = ours.build()
     if isinstance(ours, eqopt.AbstractGradientTransformation):
         return type(theirs).__name__.startswith("GradientTransformation")
     simple = (type(None), bool, int, float, complex, str, tuple)

@@ -321,3 +321,15 @@ def test_spectral_preconditioning_runs_in_bfloat16():
     np.testing.assert_allclose(
         np.asarray(low["w"], np.float32), high["w"], rtol=0.1, atol=0.05
     )
+
+
+def test_muon_on_a_bare_array_model():
+    # A model that is one scalar: nothing for Muon, an empty Muon group whose
+    # weight decay sees no params (found by the hypothesis property test).
+    model, grad = jnp.asarray(1.6226422), jnp.asarray(-0.13210486)
+    ours, theirs = eqopt.contrib.muon(0.1), optax.contrib.muon(0.1)
+    state, their_state = ours.init(model), theirs.init(model)
+    for _ in range(3):
+        update, state = ours.update(grad, state, model)
+        their_update, their_state = theirs.update(grad, their_state, model)
+        assert jnp.allclose(update, their_update, rtol=1e-5)

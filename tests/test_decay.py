@@ -41,3 +41,11 @@ def test_weight_decay_needs_params():
 def test_mask_that_selects_nothing():
     with pytest.raises(ValueError, match="selects no trainable leaf"):
         eqopt.add_decayed_weights(0.1, mask=False).init(make_mlp(in_size=3))
+
+
+def test_add_decayed_weights_with_nothing_to_decay_needs_no_params():
+    tx = eqopt.add_decayed_weights(0.1)
+    state = tx.init({"a": None})
+    assert tx.update({"a": None}, state)[0] == {"a": None}
+    with pytest.raises(ValueError, match="needs `params`"):
+        tx.update({"a": jnp.ones(2)}, state)

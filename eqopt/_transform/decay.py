@@ -3,6 +3,7 @@
 from typing import Any, cast
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 
 from .._base import AbstractGradientTransformation, OptState, Params, Updates, leafwise
@@ -73,11 +74,13 @@ class AddDecayedWeights(AbstractGradientTransformation):
         params: Params | None = None,
         **extra_args: Any,
     ) -> tuple[Updates, OptState]:
-        if params is None:
+        if params is None and jax.tree.leaves(updates):
             raise ValueError(
                 "add_decayed_weights needs `params`: call `update(updates, state, params)`."
             )
         weight_decay, state = current_value(self.weight_decay, state)
+        if params is None:  # nothing to decay (an empty group of a partition)
+            return updates, state
         if self.mask is None:
             return leafwise(lambda g, p: g + weight_decay * p, updates, params), state
         if isinstance(params, Packed) and isinstance(updates, Packed):

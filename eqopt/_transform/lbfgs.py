@@ -16,6 +16,7 @@ from .._base import (
     zeros_like_trainable,
 )
 from .._combine import Chain
+from .._defaults import DefaultTransform, resolve
 from .._hyper import ScalarOrSchedule
 from .._numerics import safe_int32_increment
 from .basic import Identity, Scale, ScaleByLearningRate
@@ -236,9 +237,9 @@ def scale_by_lbfgs(
     return ScaleByLBFGS(memory_size=memory_size, scale_init_precond=scale_init_precond)
 
 
-#: The line search `lbfgs` uses by default, as in Optax.
-_DEFAULT_LINESEARCH = ScaleByZoomLinesearch(
-    max_linesearch_steps=20, initial_guess_strategy="one"
+#: The line search `lbfgs` uses by default, as in Optax (built at each call).
+_DEFAULT_LINESEARCH = DefaultTransform(
+    ScaleByZoomLinesearch, max_linesearch_steps=20, initial_guess_strategy="one"
 )
 
 
@@ -311,5 +312,5 @@ def lbfgs(
     return Chain(
         ScaleByLBFGS(memory_size=memory_size, scale_init_precond=scale_init_precond),
         scaling,
-        Identity() if linesearch is None else linesearch,
+        Identity() if linesearch is None else resolve(linesearch),
     )

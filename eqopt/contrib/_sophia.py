@@ -21,6 +21,7 @@ from .._base import (
     zeros_like_trainable,
 )
 from .._combine import Chain
+from .._defaults import DefaultTransform, resolve
 from .._filters import FilterSpec
 from .._hyper import (
     ScalarLike,
@@ -280,7 +281,7 @@ def sophia(
     gamma: ScalarLike = 0.01,
     clip_threshold: ScalarLike | None = 1.0,
     update_interval: int = 10,
-    hessian_diagonal_fn: Any = HutchinsonEstimatorDiagHessian(),
+    hessian_diagonal_fn: Any = DefaultTransform(HutchinsonEstimatorDiagHessian),
     mu_dtype: DTypeLike | None = None,
     verbose: bool = False,
     print_win_rate_every_n_steps: int = 0,
@@ -319,7 +320,7 @@ def sophia(
             gamma=gamma,
             clip_threshold=clip_threshold,
             update_interval=update_interval,
-            hessian_diagonal_fn=hessian_diagonal_fn,
+            hessian_diagonal_fn=resolve(hessian_diagonal_fn),
             mu_dtype=mu_dtype,
             verbose=verbose,
             print_win_rate_every_n_steps=print_win_rate_every_n_steps,

@@ -26,6 +26,7 @@ class ShapeMismatchError(ValueError, TypeError):
 _SPEC = re.compile(r"^(\w+)(?:\[(-?\d*):(-?\d*)\])?$")
 
 
+@no_type_check
 def _parse(spec: str) -> tuple[str, slice]:
     match = _SPEC.match(spec)
     if match is None:
@@ -34,6 +35,7 @@ def _parse(spec: str) -> tuple[str, slice]:
     return name, slice(int(start) if start else None, int(stop) if stop else None)
 
 
+@no_type_check
 def _describe_part(name: str, part: slice) -> str:
     if part == slice(None, None):
         return f"`{name}`"
@@ -44,6 +46,7 @@ def _describe_part(name: str, part: slice) -> str:
     return f"`{name}` (axes {part.start}:{part.stop})"
 
 
+@no_type_check  # runs at import time, when the losses are decorated
 def same_shapes(*specs: str) -> Callable[[_Function], _Function]:
     """Decorates a loss: the named arguments must have the same shape.
 
@@ -55,6 +58,7 @@ def same_shapes(*specs: str) -> Callable[[_Function], _Function]:
     """
     parts = [_parse(spec) for spec in specs]
 
+    @no_type_check
     def decorate(function: _Function) -> _Function:
         signature = inspect.signature(function)
 
@@ -88,6 +92,7 @@ def same_shapes(*specs: str) -> Callable[[_Function], _Function]:
     return decorate
 
 
+@no_type_check  # runs at import time, when the losses are decorated
 def one_of(**choices: tuple[str, ...]) -> Callable[[_Function], _Function]:
     """Decorates a function: each named string argument must be one of its choices.
 
@@ -96,6 +101,7 @@ def one_of(**choices: tuple[str, ...]) -> Callable[[_Function], _Function]:
     `TypeCheckError` for a `Literal` annotation.
     """
 
+    @no_type_check
     def decorate(function: _Function) -> _Function:
         signature = inspect.signature(function)
 
