@@ -1,0 +1,62 @@
+"""`import eqopt` stays light: no type checker, no JAX backend, no research namespaces.
+
+The time itself is measured by `benchmarks/import_time.py` (timings do not belong
+in tests); these tests pin the causes of a slow import, each in a fresh
+interpreter.
+"""
+
+import subprocess
+import sys
+import textwrap
+
+
+def _run(code: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_import_does_no_work_it_can_defer():
+    out = _run(
+        """
+        import sys
+        import eqopt
+        from jax._src import xla_bridge
+
+        print("beartype" in sys.modules)
+        print(bool(xla_bridge._backends))
+        print(sorted(m for m in sys.modules if m.startswith("eqopt.contrib")))
+        """
+    )
+    beartype, backend, contrib = out.splitlines()
+    assert beartype == "False", "a type check ran while eqopt was imported"
+    assert backend == "False", "JAX's backend was initialised while eqopt was imported"
+    assert contrib == "[]"
+
+
+def test_lazy_namespaces_are_checked_however_imported():
+    out = _run(
+        """
+        import eqopt
+        from eqopt.contrib import muon
+        import eqopt.projections as projections
+        import jax.numpy as jnp
+
+        for call in (
+            lambda: muon(learning_rate="x"),
+            lambda: eqopt.perturbations.make_perturbed_fun(fun=1, num_samples="x"),
+            lambda: projections.projection_simplex(jnp.ones(3), scale="x"),
+        ):
+            try:
+                call()
+            except TypeError as error:
+                print(type(error).__name__)
+        print(sorted(eqopt._LAZY_NAMESPACES - set(dir(eqopt))))
+        """
+    )
+    assert out.splitlines() == ["ArgumentTypeError"] * 3 + ["[]"]
