@@ -1,8 +1,8 @@
 """The type checker eqopt's import hook applies: beartype, lazily, with short errors.
 
-`eqopt/__init__.py` installs jaxtyping's import hook over the package with
-`typechecker` below, so every annotated function and Module of eqopt is
-checked by beartype (at trace time under `jit`). Two things differ from passing
+The import hook of `eqopt/_hook.py` decorates every function and Module of
+eqopt with `jaxtyping.jaxtyped(typechecker=typechecker)` (built on first use),
+so every annotation is checked by beartype (at trace time under `jit`). Two things differ from passing
 `beartype.beartype` itself:
 
 - **Lazily.** beartype builds a checking wrapper for a function on the first
