@@ -61,14 +61,10 @@ from ._alias import (
     adamaxw as adamaxw,
     adamw as adamw,
     amsgrad as amsgrad,
-    lion as lion,
     nadam as nadam,
     nadamw as nadamw,
-    noisy_sgd as noisy_sgd,
     rmsprop as rmsprop,
     sgd as sgd,
-    sign_sgd as sign_sgd,
-    signum as signum,
 )
 from ._base import (
     AbstractGradientTransformation as AbstractGradientTransformation,
@@ -205,6 +201,7 @@ from ._transform.noise import (
     AddNoise as AddNoise,
     AddNoiseState as AddNoiseState,
     add_noise as add_noise,
+    noisy_sgd as noisy_sgd,
 )
 from ._transform.rms import (
     ScaleByRms as ScaleByRms,
@@ -221,8 +218,11 @@ from ._transform.sign import (
     ScaleByLion as ScaleByLion,
     ScaleByLionState as ScaleByLionState,
     ScaleBySign as ScaleBySign,
+    lion as lion,
     scale_by_lion as scale_by_lion,
     scale_by_sign as scale_by_sign,
+    sign_sgd as sign_sgd,
+    signum as signum,
 )
 from ._typing import (
     MaskOrFn as MaskOrFn,

@@ -9,8 +9,10 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int, Integer, Key, UInt32
 
 from .._base import AbstractGradientTransformation, Params, Updates, is_none
-from .._hyper import ScalarLike, as_scalar, check_hyperparameter
+from .._combine import Chain
+from .._hyper import ScalarLike, ScalarOrSchedule, as_scalar, check_hyperparameter
 from .._numerics import safe_int32_increment
+from .basic import ScaleByLearningRate
 
 #: A PRNG key: a typed key (`jax.random.key`), a raw `uint32` key
 #: (`jax.random.PRNGKey`), or an integer seed.
@@ -155,3 +157,48 @@ def add_noise(
     `seed` is Optax's older name for an integer `key`; give one or the other.
     """
     return AddNoise(eta=eta, gamma=gamma, key=key_or_seed(key, seed))
+
+
+def noisy_sgd(
+    learning_rate: ScalarOrSchedule,
+    eta: ScalarLike = 0.01,
+    gamma: ScalarLike = 0.55,
+    key: KeyLike | None = None,
+    *,
+    seed: int | None = None,
+) -> Chain:
+    r"""SGD with annealed Gaussian noise added to the gradients.
+
+    $$ u_t = -\eta_t \left( g_t + \sigma_t\, \xi_t \right), \qquad
+       \xi_t \sim \mathcal N(0, I), \qquad \sigma_t^2 = \frac{\eta}{t^{\gamma}} $$
+
+    (here $\eta$ is the argument `eta`, the noise variance, and $\eta_t$ the
+    learning rate). The chain is [`eqopt.AddNoise`][], then
+    [`eqopt.ScaleByLearningRate`][]. Given the same key, the noise is Optax's.
+
+    **Arguments:**
+
+    - `learning_rate`: $\eta_t$, a number or a schedule of the step count.
+    - `eta`: the noise variance at the first step.
+    - `gamma`: the annealing exponent.
+    - `key`: a key from `jax.random.key`, a raw key, or an integer seed (default
+      seed 0, as in Optax; pass your own).
+    - `seed`: Optax's older name for an integer `key`.
+
+    **Returns:** an [`eqopt.Chain`][].
+
+    !!! example
+
+        ```python
+        opt = eqopt.noisy_sgd(learning_rate=1e-2, eta=0.01, key=jax.random.key(0))
+        state = opt.init(model)
+        updates, state = opt.update(grads, state, model)   # a new key every step
+        ```
+
+    **References:** Neelakantan et al., *Adding Gradient Noise Improves
+    Learning for Very Deep Networks*, arXiv:1511.06807, 2015.
+    """
+    return Chain(
+        AddNoise(eta=eta, gamma=gamma, key=key_or_seed(key, seed)),
+        ScaleByLearningRate(learning_rate=learning_rate),
+    )

@@ -1,4 +1,4 @@
-"""Sign-based scalings: signSGD's sign and Lion."""
+"""Sign-based scalings and optimisers: signSGD, Signum and Lion."""
 
 from typing import Any, Literal, no_type_check
 
@@ -15,8 +15,19 @@ from .._base import (
     leafwise,
     zeros_like_trainable,
 )
-from .._hyper import ScalarLike, as_scalar, check_decays, check_hyperparameter
+from .._combine import Chain
+from .._filters import FilterSpec
+from .._hyper import (
+    ScalarLike,
+    ScalarOrSchedule,
+    as_scalar,
+    check_decays,
+    check_hyperparameter,
+)
 from .._numerics import safe_int32_increment
+from .basic import ScaleByLearningRate
+from .decay import AddDecayedWeights
+from .momentum import Ema
 
 
 class ScaleBySign(AbstractGradientTransformation):
@@ -170,4 +181,111 @@ def scale_by_lion(
     """Optax spelling of [`eqopt.ScaleByLion`][]."""
     return ScaleByLion(
         b1=b1, b2=b2, mu_dtype=mu_dtype, mode=mode, smooth_beta=smooth_beta
+    )
+
+
+def lion(
+    learning_rate: ScalarOrSchedule,
+    b1: ScalarLike = 0.9,
+    b2: ScalarLike = 0.99,
+    mu_dtype: DTypeLike | None = None,
+    weight_decay: ScalarOrSchedule = 1e-3,
+    mask: FilterSpec | None = None,
+) -> Chain:
+    r"""Lion: steps by the sign of an interpolation of momentum and gradient.
+
+    $$
+    \begin{aligned}
+    u_t &= -\eta_t \big( \operatorname{sign}(\beta_1 m_{t-1} + (1 - \beta_1) g_t)
+                         + \lambda\, \theta_{t-1} \big) \\
+    m_t &= \beta_2 m_{t-1} + (1 - \beta_2)\, g_t
+    \end{aligned}
+    $$
+
+    Every element moves by $\eta$ (plus decay), so use a learning rate 3-10
+    times smaller, and a weight decay 3-10 times larger, than with AdamW. The
+    chain is [`eqopt.ScaleByLion`][], [`eqopt.AddDecayedWeights`][],
+    [`eqopt.ScaleByLearningRate`][]; `mask` is a filter spec as in
+    [`eqopt.adamw`][].
+
+    **Arguments:**
+
+    - `learning_rate`: $\eta$, a number or a schedule of the step count.
+    - `b1`, `b2`: $\beta_1, \beta_2$.
+    - `mu_dtype`: dtype to store the momentum in (default: the params').
+    - `weight_decay`: $\lambda$, a number or a schedule.
+    - `mask`: the filter spec of the leaves to decay (default: all).
+
+    **Returns:** an [`eqopt.Chain`][].
+
+    !!! example
+
+        ```python
+        # Lion's sign updates are larger than Adam's: use a smaller rate.
+        opt = eqopt.lion(learning_rate=1e-4, weight_decay=1e-2)
+        state = opt.init(model)
+        updates, state = opt.update(grads, state, model)
+        model = eqopt.apply_updates(model, updates)
+        ```
+
+    **References:** Chen et al., *Symbolic Discovery of Optimization
+    Algorithms*, NeurIPS 2023.
+    """
+    return Chain(
+        ScaleByLion(b1=b1, b2=b2, mu_dtype=mu_dtype),
+        AddDecayedWeights(weight_decay=weight_decay, mask=mask),
+        ScaleByLearningRate(learning_rate=learning_rate),
+    )
+
+
+def sign_sgd(learning_rate: ScalarOrSchedule) -> Chain:
+    r"""signSGD: steps by the sign of each gradient element.
+
+    $$ u_t = -\eta_t\, \operatorname{sign}(g_t) $$
+
+    The chain is [`eqopt.ScaleBySign`][], then [`eqopt.ScaleByLearningRate`][].
+
+    **Arguments:**
+
+    - `learning_rate`: $\eta$, a number or a schedule of the step count.
+
+    **Returns:** an [`eqopt.Chain`][].
+
+    **References:** Bernstein, Wang, Azizzadenesheli & Anandkumar, *signSGD:
+    Compressed Optimisation for Non-Convex Problems*, ICML 2018.
+    """
+    return Chain(ScaleBySign(), ScaleByLearningRate(learning_rate=learning_rate))
+
+
+def signum(
+    learning_rate: ScalarOrSchedule,
+    beta: ScalarLike = 0.9,
+    accumulator_dtype: DTypeLike | None = None,
+) -> Chain:
+    r"""Signum: steps by the sign of the momentum.
+
+    $$
+    m_t = \beta\, m_{t-1} + (1 - \beta)\, g_t, \qquad
+    u_t = -\eta_t\, \operatorname{sign}(m_t)
+    $$
+
+    The moving average is not debiased: the sign does not depend on the scale.
+    The chain is [`eqopt.Ema`][] (`debias=False`), [`eqopt.ScaleBySign`][],
+    [`eqopt.ScaleByLearningRate`][].
+
+    **Arguments:**
+
+    - `learning_rate`: $\eta$, a number or a schedule of the step count.
+    - `beta`: $\beta \in [0, 1]$, the momentum decay.
+    - `accumulator_dtype`: dtype to store the momentum in (default: the params').
+
+    **Returns:** an [`eqopt.Chain`][].
+
+    **References:** Bernstein, Wang, Azizzadenesheli & Anandkumar, *signSGD:
+    Compressed Optimisation for Non-Convex Problems*, ICML 2018.
+    """
+    return Chain(
+        Ema(decay=beta, debias=False, accumulator_dtype=accumulator_dtype),
+        ScaleBySign(),
+        ScaleByLearningRate(learning_rate=learning_rate),
     )
