@@ -66,6 +66,11 @@ from ._alias import (
     rmsprop as rmsprop,
     sgd as sgd,
 )
+from ._apply import (
+    apply_updates as apply_updates,
+    incremental_update as incremental_update,
+    periodic_update as periodic_update,
+)
 from ._base import (
     AbstractGradientTransformation as AbstractGradientTransformation,
     EmptyState as EmptyState,
@@ -74,9 +79,6 @@ from ._base import (
     OptState as OptState,
     Params as Params,
     Updates as Updates,
-    apply_updates as apply_updates,
-    incremental_update as incremental_update,
-    periodic_update as periodic_update,
 )
 from ._combine import (
     Chain as Chain,

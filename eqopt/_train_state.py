@@ -6,12 +6,12 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
+from ._apply import apply_updates
 from ._base import (
     AbstractGradientTransformation,
     OptState,
     Params,
     Updates,
-    apply_updates,
     as_transform,
 )
 from ._numerics import safe_int32_increment

@@ -8,12 +8,12 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
+from .._apply import apply_updates
 from .._base import (
     AbstractGradientTransformation,
     OptState,
     Params,
     Updates,
-    apply_updates,
     as_transform,
     is_none,
     is_trainable,
