@@ -143,7 +143,8 @@ class _CheckingLoader(importlib.machinery.SourceFileLoader):
     """Loads a module of eqopt with the checks added, caching the rewritten bytecode."""
 
     def source_to_code(self, data, path, *, _optimize=-1):  # pyright: ignore
-        tree = ast.parse(importlib.util.decode_source(data), filename=path)
+        source = data if isinstance(data, str) else importlib.util.decode_source(data)  # pyright: ignore
+        tree = ast.parse(source, filename=path)
         tree = ast.fix_missing_locations(_AddChecks().visit(tree))
         return compile(tree, path, "exec", dont_inherit=True, optimize=_optimize)
 
