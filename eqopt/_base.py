@@ -149,6 +149,35 @@ def check_updates(
             raise ValueError(f"`{name}` at {path} {problem}.")
 
 
+@no_type_check
+def check_structure(updates: Any, params: Any) -> None:
+    """The input check every `update` runs first: `updates` has the structure of `params`.
+
+    Run by `AbstractGradientTransformation` before an `update` method's body, so
+    no wrapper maps over `updates` and `params` together before they are known
+    to match. Cheap (two flattens, at trace time); on a mismatch it raises
+    `check_updates`'s error, naming the first place where the trees differ.
+    Shapes are left to the transforms (a per-example transform's updates have a
+    batch axis). Nothing to check when `params` is `None`, nor when one of the
+    trees is packed and the other not (see `_unpacking_update`). When `updates`
+    is not a tree of inexact arrays (a state passed as `updates`, say), the type
+    check of `updates` says what is wrong instead, which is more to the point.
+    """
+    if params is None:
+        return
+    if jax.tree.structure(updates, is_leaf=is_none) == jax.tree.structure(
+        params, is_leaf=is_none
+    ):
+        return
+    if first_non_inexact(updates) is not None:
+        return
+    if contains_packed(updates) != contains_packed(params):
+        # Packed updates for unpacked params (or the reverse): the transforms that
+        # take them unpack them; the others are given unpacked trees.
+        return
+    check_updates(updates, params)
+
+
 # ---------------------------------------------------------------------------
 # The protocol
 # ---------------------------------------------------------------------------
@@ -194,6 +223,8 @@ def _unpacking_update(method: Callable) -> Callable:
         # `float0` gradients (integer leaves under `jax.grad(allow_int=True)`) mean
         # "no gradient": the same as `None`.
         updates = drop_float0(updates)
+        if self.params_like_updates:
+            check_structure(updates, params)
         if not (self.handles_packed or self.elementwise) and contains_packed(
             updates, params
         ):
@@ -246,6 +277,12 @@ class AbstractGradientTransformation(eqx.Module):
     #: so per-leaf computations stay per leaf. Combinators that only pass the
     #: trees on to their parts set this.
     handles_packed: ClassVar[bool] = False
+
+    #: Whether `update`'s `params` have the structure of its `updates`, as they do
+    #: for every transform but [`eqopt.lookahead`][] (whose params pair the fast
+    #: and slow weights). Then every `update` checks this first, with one short
+    #: error naming the first place where the two trees differ.
+    params_like_updates: ClassVar[bool] = True
 
     @no_type_check
     def __init_subclass__(cls, **kwargs):

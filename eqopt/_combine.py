@@ -22,10 +22,12 @@ from ._base import (
     path_str,
 )
 from ._filters import (
+    call_per_leaf,
     is_pytree_node,
     is_spec_leaf,
     keep_selected,
     map_prefix,
+    per_leaf_hint,
     resolve_filter,
 )
 
@@ -166,8 +168,9 @@ class Chain(_AbstractNamedTuple, AbstractGradientTransformation):
     ) -> tuple[Updates, ChainState]:
         if len(state.states) != len(self.transforms):
             raise ValueError(
-                f"The chain has {len(self.transforms)} parts but its state has "
-                f"{len(state.states)}."
+                f"Chain.update: the chain has {len(self.transforms)} parts "
+                f"{list(self.names)} but `state` has {len(state.states)} "
+                f"{list(state.names)}: pass the state made by this transform's `init`."
             )
         # A chain that starts by aggregating per-example gradients (DP-SGD) gets
         # updates with a batch axis; its first part checks them instead.
@@ -229,7 +232,10 @@ def _resolve_labels(param_labels: Any, params: Params, labels: list) -> Any:
     if _looks_like_filter_specs(param_labels, set(labels)):
         masks = {
             label: resolve_filter(
-                param_labels[label], params, what=f"filter spec of group {label!r}"
+                param_labels[label],
+                params,
+                what=f"filter spec of group {label!r}",
+                fix="partition(transforms, {label: spec_fn(params), ...})",
             )
             for label in labels
         }
@@ -256,6 +262,11 @@ def _resolve_labels(param_labels: Any, params: Params, labels: list) -> Any:
             (isinstance(x, Hashable) or callable(x)) and not is_pytree_node(x)
         )
 
+    hint = per_leaf_hint(
+        "`param_labels`", "label function", "partition(transforms, label_fn(params))"
+    )
+    what = "label function in `param_labels`"
+
     def resolve_subtree(spec, subtree, prefix):
         flat = jax.tree_util.tree_flatten_with_path(subtree, is_leaf=is_none)[0]
         sub_out = []
@@ -263,11 +274,22 @@ def _resolve_labels(param_labels: Any, params: Params, labels: list) -> Any:
             if not is_trainable(leaf):
                 sub_out.append(None)
                 continue
-            label = spec(leaf) if callable(spec) and not isinstance(spec, str) else spec
+            where = path_str(prefix + path)
+            if not callable(spec) or isinstance(spec, str):
+                label = spec
+            else:
+                label = call_per_leaf(spec, leaf, prefix + path, what, hint)
+                if not _is_label(label):
+                    # Optax's spelling: a function of the whole params, returning a tree.
+                    raise ValueError(
+                        f"The {what} returned {_a(label)} for the parameter at "
+                        f"{where}, not a label (one of {labels}). {hint}"
+                    )
             if label not in labels:
                 raise ValueError(
-                    f"The parameter at {path_str(prefix + path)} has label "
-                    f"{label!r}, which is in no group; the groups are {labels}."
+                    f"The parameter at {where} has label {label!r}, which is in no "
+                    f"group; the groups are {labels}."
+                    + (f" {hint}" if callable(spec) else "")
                 )
             sub_out.append(label)
         treedef = jax.tree.structure(subtree, is_leaf=is_none)
@@ -279,6 +301,22 @@ def _resolve_labels(param_labels: Any, params: Params, labels: list) -> Any:
         params,
         is_leaf=is_label_leaf,
         what="`param_labels`",
+    )
+
+
+def _a(x: Any) -> str:
+    if eqx.is_array(x):
+        return "an array"
+    name = type(x).__name__
+    return f"{'an' if name[0].lower() in 'aeiou' else 'a'} {name}"
+
+
+def _is_label(x: Any) -> bool:
+    # A label is a hashable leaf: not a pytree (a dict of labels), nor an array.
+    return (
+        isinstance(x, Hashable)
+        and not eqx.is_array(x)
+        and (x is None or not is_pytree_node(x))
     )
 
 
@@ -357,6 +395,12 @@ class Partition(AbstractGradientTransformation):
         params: Params | None = None,
         **extra_args: Any,
     ) -> tuple[Updates, PartitionState]:
+        if set(state.inner_states) != set(self.transforms):
+            raise ValueError(
+                f"Partition.update: `state` has the groups {list(state.inner_states)} "
+                f"but this partition's groups are {list(self.transforms)}: pass the state "
+                "made by this transform's `init`."
+            )
         reference = updates if params is None else params
         labels = self._labels(reference)
         new_updates = updates

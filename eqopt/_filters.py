@@ -35,7 +35,39 @@ def is_pytree_node(x: Any) -> bool:
     return jax.tree_util.treedef_is_leaf(jax.tree.structure(x)) is False
 
 
-def _to_bool(value: Any, path, what: str) -> bool:
+def per_leaf_hint(where: str, kind: str, fix: str | None = None) -> str:
+    """What every error about a callable written for Optax's whole-params call ends with.
+
+    Optax calls a callable mask or label function on the whole params; eqopt
+    applies it to each leaf, as `eqx.filter` does. `fix` is the call to show,
+    e.g. `"masked(inner, mask_fn(params))"`.
+    """
+    example = f": `{fix}`" if fix else ""
+    return (
+        f"A callable in {where} is a per-leaf {kind}, applied to each leaf as "
+        "`eqx.filter` does; it is never called on the whole params. For a function "
+        "of the whole params (Optax's spelling), call it yourself and pass the tree "
+        f"it returns{example}."
+    )
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:120]}" if text else type(error).__name__
+
+
+def call_per_leaf(fn: Callable, leaf: Any, path, what: str, hint: str) -> Any:
+    """`fn(leaf)`, with an error naming the leaf and the per-leaf rule if it raises."""
+    try:
+        return fn(leaf)
+    except Exception as error:  # noqa: BLE001 - re-raised with the leaf's path
+        raise ValueError(
+            f"The {what} raised an error on the leaf at {path_str(path)} "
+            f"({_first_line(error)}). {hint}"
+        ) from error
+
+
+def _to_bool(value: Any, path, what: str, hint: str) -> bool:
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     if (
@@ -49,14 +81,16 @@ def _to_bool(value: Any, path, what: str) -> bool:
             pass
     raise ValueError(
         f"The {what} gave {type(value).__name__} at {path_str(path)}; expected a bool. "
-        "A callable in a filter spec is a per-leaf predicate, applied to each leaf as "
-        "`eqx.filter` does; it is never called on the whole pytree. To select with a "
-        "function of the whole params, call it yourself and pass the resulting tree."
+        + hint
     )
 
 
 def resolve_filter(
-    filter_spec: FilterSpec, tree: Any, *, what: str = "filter spec"
+    filter_spec: FilterSpec,
+    tree: Any,
+    *,
+    what: str = "filter spec",
+    fix: str | None = None,
 ) -> Any:
     """Resolves a filter spec against `tree` into a tree of Python bools.
 
@@ -64,8 +98,9 @@ def resolve_filter(
     leaf resolves to `False` unless a bool in the spec covers it. The result has the structure of `tree` (with `None` treated as a leaf): one
     bool per leaf. `None` in the spec means `False`. Raises a `ValueError`
     naming the path if the spec is not a prefix of `tree` or a predicate does not
-    return a bool.
+    return a bool (ending with `per_leaf_hint`, showing `fix`).
     """
+    hint = per_leaf_hint("a filter spec", "predicate", fix)
 
     def resolve_subtree(spec, subtree, prefix):
         flat = jax.tree_util.tree_flatten_with_path(subtree, is_leaf=is_none)[0]
@@ -81,7 +116,9 @@ def resolve_filter(
                 # `lambda x: x.ndim > 1` never sees an activation function or None.
                 leaves.append(False)
             else:
-                leaves.append(_to_bool(spec(leaf), full, f"predicate in the {what}"))
+                predicate = f"predicate in the {what}"
+                value = call_per_leaf(spec, leaf, full, predicate, hint)
+                leaves.append(_to_bool(value, full, predicate, hint))
         treedef = jax.tree.structure(subtree, is_leaf=is_none)
         return jax.tree.unflatten(treedef, leaves)
 
@@ -130,9 +167,11 @@ def map_prefix(
     return jax.tree.unflatten(prefix_def, results)
 
 
-def select_trainable(filter_spec: FilterSpec, tree: Any, *, what: str = "mask") -> Any:
+def select_trainable(
+    filter_spec: FilterSpec, tree: Any, *, what: str = "mask", fix: str | None = None
+) -> Any:
     """The bools of `resolve_filter`, and-ed with "is a trainable leaf"."""
-    mask = resolve_filter(filter_spec, tree, what=what)
+    mask = resolve_filter(filter_spec, tree, what=what, fix=fix)
     return jax.tree.map(
         lambda selected, leaf: selected and is_trainable(leaf),
         mask,

@@ -59,15 +59,17 @@ def _static_difference(a: Any, b: Any) -> str | None:
 
 @no_type_check
 def first_difference(
-    tree: Any, reference: Any, path: str = ""
+    tree: Any, reference: Any, path: str = "", *, prefix: bool = False
 ) -> tuple[str, str, str] | None:
     """The first place where two pytrees differ: `(path, what tree has, what reference has)`.
 
     `None` is a leaf. Two leaves never differ (their values are not compared).
+    With `prefix`, `tree` need only be a prefix of `reference`: a leaf of `tree`
+    matches any subtree of `reference` (a state holding a tuple per parameter).
     """
     where = path or "<root>"
     tree_leaf, reference_leaf = _is_leaf(tree), _is_leaf(reference)
-    if tree_leaf and reference_leaf:
+    if tree_leaf and (reference_leaf or prefix):
         return None
     if tree_leaf != reference_leaf:
         return where, _describe(tree), _describe(reference)
@@ -99,7 +101,9 @@ def first_difference(
     for (key, child), (_, reference_child) in zip(
         children, reference_children, strict=True
     ):
-        found = first_difference(child, reference_child, path + _key_str(key))
+        found = first_difference(
+            child, reference_child, path + _key_str(key), prefix=prefix
+        )
         if found is not None:
             return found
     treedef = jax.tree.structure(tree, is_leaf=is_none)
@@ -110,10 +114,13 @@ def first_difference(
 
 
 def structure_mismatch_message(
-    tree: Any, reference: Any, name: str, reference_name: str
+    tree: Any, reference: Any, name: str, reference_name: str, *, prefix: bool = False
 ) -> str:
-    """A message naming the first node at which two pytrees differ, and how."""
-    found = first_difference(tree, reference)
+    """A message naming the first node at which two pytrees differ, and how.
+
+    With `prefix`, `tree` need only be a prefix of `reference` (see `first_difference`).
+    """
+    found = first_difference(tree, reference, prefix=prefix)
     if found is None:
         return f"The structure of `{name}` does not match `{reference_name}`."
     where, got, expected = found

@@ -4,6 +4,7 @@ differences from Optax."""
 
 import jax
 import jax.numpy as jnp
+import optax
 import pytest
 from helpers import assert_tree_allclose
 from loss_helpers import (
@@ -187,3 +188,48 @@ def test_smooth_labels_where_selecting_nothing():
     smoothed = losses.smooth_labels(labels, 0.1, where=where)
     assert_tree_allclose(smoothed[0], jnp.array([0.05, 0.95, 0.0]))
     assert_tree_allclose(smoothed[1], labels[1])
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "softmax_cross_entropy_with_integer_labels",
+        "multiclass_hinge_loss",
+        "multiclass_perceptron_loss",
+        "multiclass_sparsemax_loss",
+    ],
+)
+def test_integer_label_out_of_range_is_nan(name):
+    # Optax reads -1 as the last class (or some class) and gives a finite loss;
+    # eqopt gives NaN for that example, and for a label past the last class.
+    ours, theirs = getattr(losses, name), getattr(optax.losses, name)
+    logits = jax.random.normal(jax.random.key(0), (4, 5))
+    labels = jnp.array([0, -1, 5, 2])
+    value = _jit(ours)(logits, labels)
+    assert bool(jnp.isnan(value[1])) and bool(jnp.isnan(value[2]))
+    # Valid labels: as before, and as Optax.
+    valid = jnp.array([0, 3])
+    assert_tree_allclose(value[valid], theirs(logits[valid], labels[valid]))
+
+    # The gradient of the NaN examples is zero, so masking them out afterwards
+    # leaves the gradient of the rest finite and equal to Optax's.
+    def masked_mean(fn, x):
+        return jnp.mean(jnp.where((labels >= 0) & (labels < 5), fn(x, labels), 0))
+
+    grad = jax.grad(lambda x: masked_mean(ours, x))(logits)
+    assert bool(jnp.all(jnp.isfinite(grad)))
+    assert_tree_allclose(grad[1:3], jnp.zeros((2, 5)))
+    expected = jax.grad(lambda x: jnp.sum(theirs(x[valid], labels[valid])) / 4)(logits)
+    assert_tree_allclose(grad, expected)
+
+
+def test_integer_labels_left_out_by_where_are_zero():
+    # Padding examples often carry the label -1: left out by `where`, they are 0.
+    logits = jax.random.normal(jax.random.key(1), (3, 4))
+    labels = jnp.array([1, -1, 7])
+    where = jnp.array([True, False, False])
+    value = losses.softmax_cross_entropy_with_integer_labels(
+        logits, labels, where=where
+    )
+    assert_tree_allclose(value[1:], jnp.zeros(2))
+    assert bool(jnp.isfinite(value[0]))

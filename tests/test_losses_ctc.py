@@ -66,3 +66,34 @@ def test_ctc_against_brute_force():
             total += np.exp(sum(log_probs[t, s] for t, s in enumerate(path)))
     loss = losses.ctc_loss(logits, jnp.zeros((1, 4)), labels, jnp.zeros((1, 2)))
     assert_tree_allclose(loss, jnp.array([-np.log(total)]), rtol=1e-5)
+
+
+def test_ctc_label_out_of_range_is_nan():
+    # A label that is not padding must be a class: -1 (which Optax reads as the
+    # last class) and a label past the last class give NaN for their sequence.
+    import optax
+
+    logits, logit_paddings, _, _ = _ctc_inputs(jax.random.key(0))
+    num_classes = logits.shape[-1]
+    labels = jnp.array([[1, 2], [1, -1], [1, num_classes]])
+    label_paddings = jnp.zeros(labels.shape)
+    loss, logalpha_blank, logalpha_label = losses.ctc_loss_with_forward_probs(
+        logits, logit_paddings, labels, label_paddings
+    )
+    assert bool(jnp.isfinite(loss[0])) and bool(jnp.all(jnp.isnan(loss[1:])))
+    assert bool(jnp.all(jnp.isnan(logalpha_blank[:, 1:])))
+    assert bool(jnp.all(jnp.isnan(logalpha_label[:, 1:])))
+    expected = optax.losses.ctc_loss(
+        logits[:1], logit_paddings[:1], labels[:1], label_paddings[:1]
+    )
+    assert_tree_allclose(loss[:1], expected, rtol=1e-5, atol=1e-5)
+    # Padded labels may be anything: as Optax, with a finite gradient.
+    padded = jnp.array([[0, 0], [0, 1], [0, 1]])
+
+    def total(logits):
+        return jnp.sum(losses.ctc_loss(logits, logit_paddings, labels, padded))
+
+    value, grad = jax.value_and_grad(total)(logits)
+    theirs = optax.losses.ctc_loss(logits, logit_paddings, labels, padded)
+    assert_tree_allclose(value, jnp.sum(theirs), rtol=1e-5, atol=1e-5)
+    assert bool(jnp.all(jnp.isfinite(grad)))

@@ -11,6 +11,7 @@ import numpy as np
 from jaxtyping import Array, Inexact, PyTree
 
 from .._leaves import is_none, is_trainable
+from .._structure import structure_mismatch_message
 
 
 class _Slot(NamedTuple):
@@ -307,9 +308,10 @@ def packed_from_layout(layout: _Layout, treedef: Any, tree: PyTree[Any]) -> Pack
     """
     leaves, tree_treedef = jax.tree.flatten(tree, is_leaf=is_none)
     if tree_treedef != treedef:
+        made_for = jax.tree.unflatten(treedef, [None] * treedef.num_leaves)
         raise ValueError(
-            "The updates do not have the structure of the params the bucketed state was "
-            "made for: was the state made by this transform's `init` on these params?"
+            structure_mismatch_message(tree, made_for, "updates", "state")
+            + " Was the state made by this transform's `init` on these params?"
         )
     filled = list(leaves)
     for slot in layout.slots:

@@ -40,7 +40,9 @@ def layerwise(fn: Callable, updates: Updates, *trees: Any, n_out: int) -> Any:
             others.append(treedef.flatten_up_to(tree))
         except (ValueError, TypeError):
             raise ValueError(
-                structure_mismatch_message(updates, tree, "updates", "state")
+                structure_mismatch_message(
+                    updates, tree, "updates", "state", prefix=True
+                )
             ) from None
     outs = []
     for u, *rest in zip(leaves, *others, strict=True):

@@ -176,6 +176,7 @@ def _objective_inputs(owner, updates, params, extra_args):
             f"{owner}: `value` must be the (real, scalar) loss at `params`, got an "
             f"array of dtype {value.dtype} and shape {tuple(value.shape)}."
         )
+    check_updates(updates, params)
     check_updates(grad, params, name="grad", reference_name="params")
     update_leaves = jax.tree.leaves(updates, is_leaf=is_none)
     grad_leaves = jax.tree.leaves(grad, is_leaf=is_none)

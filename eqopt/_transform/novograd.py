@@ -12,6 +12,7 @@ from .._base import (
     AbstractGradientTransformation,
     Params,
     Updates,
+    check_updates,
     zeros_like_trainable,
 )
 from .._combine import Chain
@@ -118,6 +119,8 @@ class ScaleByNovograd(AbstractGradientTransformation):
             self.eps_root,
             self.weight_decay,
         )
+        if params is not None:
+            check_updates(updates, params)
         if params is None:
             # Without params the decay term is dropped, which is only right
             # when the decay is zero: checked now if known, else at run time.

@@ -147,6 +147,10 @@ class Lookahead(AbstractGradientTransformation):
     forward, 1 step back*, NeurIPS 2019.
     """
 
+    # The params are a `LookaheadParams`, the updates are shaped like its `fast`
+    # weights: `_check_params` and the fast optimiser check them.
+    params_like_updates = False
+
     fast_optimizer: AbstractGradientTransformation
     sync_period: int = eqx.field(static=True)
     slow_step_size: Float[Array, ""] = eqx.field(converter=as_scalar)

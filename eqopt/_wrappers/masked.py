@@ -78,7 +78,9 @@ class Masked(AbstractGradientTransformation):
         return self.mask is True and self.inner.elementwise
 
     def _selection(self, tree: Any) -> Any:
-        return select_trainable(self.mask, tree, what="mask")
+        return select_trainable(
+            self.mask, tree, what="mask", fix="masked(inner, mask_fn(params))"
+        )
 
     def init(self, params: Params) -> MaskedState:
         selection = self._selection(params)

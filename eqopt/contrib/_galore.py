@@ -16,6 +16,7 @@ from .._base import (
     as_transform,
     is_none,
     is_trainable,
+    structure_mismatch_message,
 )
 from .._combine import Chain
 from .._filters import FilterSpec
@@ -198,6 +199,12 @@ class ScaleByGaLore(AbstractGradientTransformation):
         params: Params | None = None,
         **extra_args: Any,
     ) -> tuple[Updates, GaLoreState]:
+        if jax.tree.structure(updates, is_leaf=is_none) != jax.tree.structure(
+            state.projector, is_leaf=is_none
+        ):
+            raise ValueError(
+                structure_mismatch_message(updates, state.projector, "updates", "state")
+            )
         dims = self._dimension_numbers(updates if params is None else params)
         refresh = state.count % self.update_proj_gap == 0
 

@@ -13,8 +13,10 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, Real
 
 from ._utils import (
     as_float,
+    class_indices,
     cross_entropy_terms,
     expand_where,
+    nan_where,
     normalize_axes,
     reduced_shape,
     safe_log,
@@ -96,8 +98,10 @@ def softmax_cross_entropy_with_integer_labels(
     - `logits`: unnormalised log-probabilities, e.g. of shape
       `(*batch, classes)`.
     - `labels`: integer class indices in `[0, classes)`, e.g. of shape
-      `(*batch,)`. For one-hot or soft labels use
-      [`eqopt.losses.softmax_cross_entropy`][].
+      `(*batch,)`. A label outside that range gives a NaN loss for its example
+      (and a zero gradient): `-1` too, which Optax reads as the last
+      class (an example left out by `where` has loss 0 whatever its label).
+      For one-hot or soft labels use [`eqopt.losses.softmax_cross_entropy`][].
     - `axis`: the class axis or axes.
     - `where`: a boolean mask of the shape of `logits` (classes to include), or
       of `labels` (examples to include).
@@ -132,11 +136,11 @@ def softmax_cross_entropy_with_integer_labels(
         anything = None
         normalised = logits
     log_normaliser = jax.nn.logsumexp(normalised, axis=-1)
-    label_logits = jnp.take_along_axis(
-        logits, labels[..., None], axis=-1, mode="fill", fill_value=jnp.nan
-    )[..., 0]
-    loss = log_normaliser - label_logits
+    indices, out_of_range = class_indices(labels, logits.shape[-1])
+    label_logits = jnp.take_along_axis(logits, indices[..., None], axis=-1)[..., 0]
+    loss = nan_where(out_of_range, log_normaliser - label_logits)
     if anything is not None:
+        # An example left out by `where` has loss 0, whatever its label.
         loss = jnp.where(anything[..., 0], loss, 0)
     return loss
 
@@ -459,7 +463,9 @@ def multiclass_hinge_loss(
     **Arguments:**
 
     - `scores`: the class scores, of shape `(*batch, classes)`.
-    - `labels`: integer class indices, of shape `(*batch,)`.
+    - `labels`: integer class indices in `[0, classes)`, of shape `(*batch,)`.
+      A label outside that range (`-1` too) gives a NaN loss for its example
+      (and a zero gradient), where Optax silently reads some class.
 
     **Returns:**
 
@@ -471,9 +477,10 @@ def multiclass_hinge_loss(
     Kernel-based Vector Machines*, JMLR 2001.
     """
     scores = jnp.asarray(scores)
-    labels = jnp.asarray(labels)
+    labels, out_of_range = class_indices(jnp.asarray(labels), scores.shape[-1])
     margins = 1 - jax.nn.one_hot(labels, scores.shape[-1], dtype=scores.dtype)
-    return jnp.max(scores + margins, axis=-1) - _label_scores(scores, labels)
+    loss = jnp.max(scores + margins, axis=-1) - _label_scores(scores, labels)
+    return nan_where(out_of_range, loss)
 
 
 @same_shapes("scores[:-1]", "labels")
@@ -488,7 +495,9 @@ def multiclass_perceptron_loss(
     **Arguments:**
 
     - `scores`: the class scores, of shape `(*batch, classes)`.
-    - `labels`: integer class indices, of shape `(*batch,)`.
+    - `labels`: integer class indices in `[0, classes)`, of shape `(*batch,)`.
+      A label outside that range (`-1` too) gives a NaN loss for its example
+      (and a zero gradient), where Optax silently reads some class.
 
     **Returns:**
 
@@ -500,5 +509,6 @@ def multiclass_perceptron_loss(
     and Experiments with Perceptron Algorithms*, EMNLP 2002.
     """
     scores = jnp.asarray(scores)
-    labels = jnp.asarray(labels)
-    return jnp.max(scores, axis=-1) - _label_scores(scores, labels)
+    labels, out_of_range = class_indices(jnp.asarray(labels), scores.shape[-1])
+    loss = jnp.max(scores, axis=-1) - _label_scores(scores, labels)
+    return nan_where(out_of_range, loss)

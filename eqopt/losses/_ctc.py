@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, Real
 
-from ._utils import same_shapes
+from ._utils import class_indices, nan_where, same_shapes
 
 
 def _is_padding(paddings) -> Bool[Array, "..."]:
@@ -60,7 +60,11 @@ def ctc_loss_with_forward_probs(
       blank included.
     - `logit_paddings`: 1 (or `True`) for padded frames, 0 otherwise, of shape
       `(batch, time)`.
-    - `labels`: integer label sequences, of shape `(batch, labels)`.
+    - `labels`: integer label sequences, of shape `(batch, labels)`, each
+      label a class in `[0, classes)`. A label outside that range that is not
+      padding (`-1` too) gives a NaN loss for its sequence (and a zero
+      gradient), where Optax silently reads some class. Padded labels may be
+      anything.
     - `label_paddings`: 1 (or `True`) for padded labels, 0 otherwise, of shape
       `(batch, labels)`. Padding must be on the right.
     - `blank_id`: the class index of the blank.
@@ -71,7 +75,8 @@ def ctc_loss_with_forward_probs(
     A tuple `(loss, logalpha_blank, logalpha_label)`: the losses of shape
     `(batch,)`, $\log B$ of shape `(time, batch, labels + 1)` (indexed by the
     number of labels emitted, 0 to $N$) and $\log L$ of shape
-    `(time, batch, labels)` (indexed by the label, $y_1$ to $y_N$).
+    `(time, batch, labels)` (indexed by the label, $y_1$ to $y_N$). All three
+    are NaN for a sequence with a label out of range.
 
     **References:**
 
@@ -87,7 +92,12 @@ def ctc_loss_with_forward_probs(
     dtype = logits.dtype
     log_epsilon = jnp.asarray(log_epsilon, dtype)
     frame_padding = _is_padding(logit_paddings)
-    label_lengths = jnp.sum(~_is_padding(label_paddings), axis=1)
+    label_padding = _is_padding(label_paddings)
+    label_lengths = jnp.sum(~label_padding, axis=1)
+    # A label outside [0, classes) makes its sequence NaN (padded labels may be
+    # anything); it is read as class 0 meanwhile, so nothing else is touched.
+    labels, out_of_range = class_indices(labels, num_classes)
+    bad = jnp.any(out_of_range & ~label_padding, axis=1)
 
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     log_probs_blank = log_probs[:, :, blank_id]
@@ -135,7 +145,9 @@ def ctc_loss_with_forward_probs(
     )
     logalpha_blank = logalpha_blank.at[-1].set(emitted)
     loss = -jnp.take_along_axis(emitted, label_lengths[:, None], axis=1)[:, 0]
-    return loss, logalpha_blank, logalpha_label
+    logalpha_blank = jnp.where(bad[None, :, None], jnp.nan, logalpha_blank)
+    logalpha_label = jnp.where(bad[None, :, None], jnp.nan, logalpha_label)
+    return nan_where(bad, loss), logalpha_blank, logalpha_label
 
 
 @same_shapes("logits[:-1]", "logit_paddings")
@@ -165,7 +177,11 @@ def ctc_loss(
       blank included.
     - `logit_paddings`: 1 (or `True`) for padded frames, 0 otherwise, of shape
       `(batch, time)`.
-    - `labels`: integer label sequences, of shape `(batch, labels)`.
+    - `labels`: integer label sequences, of shape `(batch, labels)`, each
+      label a class in `[0, classes)`. A label outside that range that is not
+      padding (`-1` too) gives a NaN loss for its sequence (and a zero
+      gradient), where Optax silently reads some class. Padded labels may be
+      anything.
     - `label_paddings`: 1 (or `True`) for padded labels, 0 otherwise, of shape
       `(batch, labels)`. Padding must be on the right.
     - `blank_id`: the class index of the blank.

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, Real
 
-from ._utils import same_shapes
+from ._utils import class_indices, nan_where, same_shapes
 
 
 class _FenchelYoungLoss(eqx.Module):
@@ -168,7 +168,9 @@ def multiclass_sparsemax_loss(
     **Arguments:**
 
     - `scores`: the class scores, of shape `(*batch, classes)`.
-    - `labels`: integer class indices, of shape `(*batch,)`.
+    - `labels`: integer class indices in `[0, classes)`, of shape `(*batch,)`.
+      A label outside that range (`-1` too) gives a NaN loss for its example
+      (and a zero gradient), where Optax silently reads some class.
 
     **Returns:**
 
@@ -180,7 +182,7 @@ def multiclass_sparsemax_loss(
     Attention and Multi-Label Classification*, ICML 2016 (eq. 14).
     """
     scores = jnp.asarray(scores)
-    labels = jnp.asarray(labels)
+    indices, out_of_range = class_indices(jnp.asarray(labels), scores.shape[-1])
     # The loss is unchanged by adding a constant to every score, so the scores
     # are shifted to a maximum of 0 (the shift is not differentiated: it has no
     # effect). Then the threshold lies in [-1, 0) and, written as
@@ -192,5 +194,5 @@ def multiclass_sparsemax_loss(
     conjugate = jnp.sum(
         probabilities * (scores - 0.5 * probabilities), axis=-1
     )  # max over the simplex of <p, z> - |p|^2 / 2
-    label_scores = jnp.take_along_axis(scores, labels[..., None], axis=-1)[..., 0]
-    return conjugate + 0.5 - label_scores
+    label_scores = jnp.take_along_axis(scores, indices[..., None], axis=-1)[..., 0]
+    return nan_where(out_of_range, conjugate + 0.5 - label_scores)

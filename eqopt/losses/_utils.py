@@ -8,7 +8,7 @@ from typing import Any, TypeVar, no_type_check
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, ArrayLike, Bool, Float, Shaped
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, Shaped
 
 _Function = TypeVar("_Function", bound=Callable[..., Any])
 
@@ -252,3 +252,26 @@ def as_float(
     """`x` as a floating array: integer and boolean arrays take the dtype of `like`."""
     x = jnp.asarray(x)
     return x if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(like.dtype)
+
+
+def class_indices(
+    labels: Int[Array, "*batch"], num_classes: int
+) -> tuple[Int[Array, "*batch"], Bool[Array, "*batch"]]:
+    """Integer class labels made safe to index with, and where they were out of range.
+
+    A label outside `[0, num_classes)` (`-1` included: it is not read as the last
+    class) is replaced by 0, and flagged so that `nan_where` can make its loss NaN.
+    """
+    out_of_range = (labels < 0) | (labels >= num_classes)
+    return jnp.where(out_of_range, 0, labels), out_of_range
+
+
+def nan_where(
+    bad: Bool[ArrayLike, "*batch"], loss: Float[Array, "*batch"]
+) -> Float[Array, "*batch"]:
+    """`loss`, NaN where `bad`.
+
+    The gradient there is 0, not NaN, so an example masked out afterwards (with
+    `jnp.where`) leaves no NaN in the gradient of the rest.
+    """
+    return jnp.where(bad, jnp.nan, loss).astype(loss.dtype)
