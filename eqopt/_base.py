@@ -1,4 +1,4 @@
-"""The gradient-transformation protocol, its empty state and `apply_updates`."""
+"""The gradient-transformation protocol, its empty state and the shared input checks."""
 
 import abc
 import functools
