@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from .. import _sharding
 from .._base import (
     AbstractGradientTransformation,
     EmptyState,
@@ -338,7 +339,7 @@ class AdaptiveGradClip(AbstractGradientTransformation):
             u_norm = _unitwise_norm(u, axes)
             max_norm = clipping * jnp.maximum(_unitwise_norm(p, axes), eps)
             clipped = u * (max_norm / jnp.maximum(u_norm, 1e-6))
-            return jnp.where(u_norm < max_norm, u, clipped).astype(u.dtype)
+            return _sharding.where(u_norm < max_norm, u, clipped).astype(u.dtype)
 
         return leafwise(step, updates, params), state
 

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from .. import _sharding
 from .._base import (
     AbstractGradientTransformation,
     Params,
@@ -151,7 +152,7 @@ class ScaleByLBFGS(AbstractGradientTransformation):
 
     def init(self, params: Params) -> ScaleByLBFGSState:
         zeros = zeros_like_trainable(params)
-        memory = _map(lambda p: jnp.zeros((self.memory_size, *p.shape), p.dtype), zeros)
+        memory = _map(lambda p: _sharding.stacked_zeros(self.memory_size, p), zeros)
         return ScaleByLBFGSState(
             count=jnp.zeros([], jnp.int32),
             params=zeros,

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from .. import _sharding
 from .._base import (
     AbstractGradientTransformation,
     Params,
@@ -86,7 +87,7 @@ def _real_inner(x, y):
     ):
         if a is None or b is None:
             continue
-        product = jnp.vdot(a, b, precision=jax.lax.Precision.HIGHEST)
+        product = _sharding.inner(a, b)
         dtype = (
             product.dtype if total is None else jnp.promote_types(dtype, product.dtype)
         )

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .. import _sharding
 from .._base import is_none
 
 
@@ -39,11 +40,12 @@ def filter_cond(
 
 @no_type_check
 def zeros_like_output(structure: Any) -> Any:
-    """Zeros shaped like a tree of `jax.ShapeDtypeStruct`s (from `eqx.filter_eval_shape`)."""
+    """Zeros shaped like a tree of `jax.ShapeDtypeStruct`s (from `eqx.filter_eval_shape`).
+
+    Explicitly sharded structures give zeros of that sharding.
+    """
     return jax.tree.map(
-        lambda s: (
-            jnp.zeros(s.shape, s.dtype) if isinstance(s, jax.ShapeDtypeStruct) else s
-        ),
+        lambda s: _sharding.zeros(s) if isinstance(s, jax.ShapeDtypeStruct) else s,
         structure,
     )
 

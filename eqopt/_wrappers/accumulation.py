@@ -12,6 +12,7 @@ import numpy as np
 from jax.typing import DTypeLike
 from jaxtyping import Array, Bool, Int, PyTree
 
+from .. import _sharding
 from .._base import (
     AbstractGradientTransformation,
     OptState,
@@ -277,7 +278,7 @@ class MultiSteps(AbstractGradientTransformation):
                 inner_opt_state=inner_state,
                 acc_grads=None
                 if accumulated is None
-                else jax.tree.map(jnp.zeros_like, accumulated),
+                else jax.tree.map(_sharding.zeros_like, accumulated),
                 skip_state=skip_state,
             )
 

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from .. import _sharding
 from .._base import (
     AbstractGradientTransformation,
     OptState,
@@ -116,7 +117,10 @@ class ScaleByGaLore(AbstractGradientTransformation):
     the $r \times n$ space, so optimiser memory shrinks from $mn$ to $rn$.
     Leaves that are not projected (by default, those that are not 2-D) are
     passed to the base optimiser at full size. The singular value
-    decomposition runs in float32 (complex64 for complex gradients).
+    decomposition runs in float32 (complex64 for complex gradients). On
+    gradients sharded over explicit mesh axes, the matrix is gathered for the
+    decomposition, the projector and the low-rank moments are replicated, and
+    the update comes back sharded like the gradient.
 
     **Arguments:**
 
@@ -217,12 +221,18 @@ class ScaleByGaLore(AbstractGradientTransformation):
             svd_dtype = jnp.promote_types(g.dtype, jnp.float32)
 
             def fresh():
-                u, _, vh = jnp.linalg.svd(matrix.astype(svd_dtype), full_matrices=False)
+                # The decomposition is global: an explicitly sharded gradient is
+                # gathered for it, and the projector is replicated.
+                full = _sharding.gathered(matrix)[0].astype(svd_dtype)
+                u, _, vh = jnp.linalg.svd(full, full_matrices=False)
                 basis = u[:, :r] if left else vh[:r, :].conj().T
                 return basis.astype(g.dtype)
 
             projector = jax.lax.cond(refresh, fresh, lambda: projector)
-            low_rank = projector.conj().T @ matrix if left else matrix @ projector
+            if left:
+                low_rank = _sharding.replicated_matmul(projector.conj().T, matrix)
+            else:
+                low_rank = _sharding.replicated_matmul(matrix, projector)
             return low_rank, projector
 
         low_rank, projector = _map_pairs(project, updates, state.projector, dims)
@@ -236,7 +246,8 @@ class ScaleByGaLore(AbstractGradientTransformation):
                 return u
             left = _low_rank_shapes(g.shape, d, self.rank)[3]
             matrix = projector @ u if left else u @ projector.conj().T
-            return (self.scale * _from_matrix(matrix, g.shape, d)).astype(g.dtype)
+            full = (self.scale * _from_matrix(matrix, g.shape, d)).astype(g.dtype)
+            return _sharding.like(full, g)
 
         full = jax.tree.map(
             project_back, low_rank_updates, projector, updates, dims, is_leaf=is_none
