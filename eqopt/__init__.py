@@ -4,7 +4,7 @@
 
 import importlib
 import importlib.metadata
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 # Every public function, method and Module of eqopt carries jaxtyping annotations,
 # checked with beartype (at trace time under jit) through the import hook of
@@ -26,7 +26,7 @@ _LAZY_NAMESPACES = frozenset(
     {"assignment", "contrib", "microbatching", "perturbations", "projections"}
 )
 
-if TYPE_CHECKING:
+if _TYPE_CHECKING:
     from . import (
         assignment as assignment,
         contrib as contrib,
