@@ -123,6 +123,9 @@ from ._numerics import (
     update_moment_per_elem_norm as update_moment_per_elem_norm,
 )
 from ._train_state import TrainState as TrainState
+from ._transform._linesearch_common import (
+    value_and_grad_from_state as value_and_grad_from_state,
+)
 from ._transform.adam import (
     ScaleByAdam as ScaleByAdam,
     ScaleByAdamax as ScaleByAdamax,
@@ -133,6 +136,12 @@ from ._transform.adam import (
     scale_by_adam as scale_by_adam,
     scale_by_adamax as scale_by_adamax,
     scale_by_amsgrad as scale_by_amsgrad,
+)
+from ._transform.backtracking import (
+    BacktrackingLinesearchInfo as BacktrackingLinesearchInfo,
+    ScaleByBacktrackingLinesearch as ScaleByBacktrackingLinesearch,
+    ScaleByBacktrackingLinesearchState as ScaleByBacktrackingLinesearchState,
+    scale_by_backtracking_linesearch as scale_by_backtracking_linesearch,
 )
 from ._transform.basic import (
     Identity as Identity,
@@ -172,15 +181,10 @@ from ._transform.lbfgs import (
     scale_by_lbfgs as scale_by_lbfgs,
 )
 from ._transform.linesearch import (
-    BacktrackingLinesearchInfo as BacktrackingLinesearchInfo,
-    ScaleByBacktrackingLinesearch as ScaleByBacktrackingLinesearch,
-    ScaleByBacktrackingLinesearchState as ScaleByBacktrackingLinesearchState,
     ScaleByZoomLinesearch as ScaleByZoomLinesearch,
     ScaleByZoomLinesearchState as ScaleByZoomLinesearchState,
     ZoomLinesearchInfo as ZoomLinesearchInfo,
-    scale_by_backtracking_linesearch as scale_by_backtracking_linesearch,
     scale_by_zoom_linesearch as scale_by_zoom_linesearch,
-    value_and_grad_from_state as value_and_grad_from_state,
 )
 from ._transform.misc import (
     Centralize as Centralize,

@@ -20,8 +20,9 @@ from .._combine import Chain
 from .._defaults import DefaultTransform, resolve
 from .._hyper import ScalarOrSchedule
 from .._numerics import safe_int32_increment
+from ._linesearch_common import _real_dtype, _real_inner
 from .basic import Identity, Scale, ScaleByLearningRate
-from .linesearch import ScaleByZoomLinesearch, _real_dtype, _real_inner
+from .linesearch import ScaleByZoomLinesearch
 
 
 class ScaleByLBFGSState(eqx.Module):
