@@ -71,6 +71,10 @@ class HutchinsonEstimatorDiagHessian(AbstractGradientTransformation):
     Pre-training*, ICLR 2024.
     """
 
+    # `update` ignores its `updates` (Optax passes `None`): nothing to compare with
+    # the params.
+    params_like_updates = False
+
     random_seed: PRNGKeyArray | None = None
 
     @property
