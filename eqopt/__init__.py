@@ -23,32 +23,79 @@ _hook.install()
 # The research namespaces load on first use, which keeps `import eqopt` close to
 # `import jax, equinox` (benchmarks/import_time.py).
 _LAZY_NAMESPACES = frozenset(
-    {"assignment", "contrib", "microbatching", "perturbations", "projections"}
+    {"assignment", "contrib", "losses", "microbatching", "perturbations", "projections"}
+)
+# Optax's top-level spellings of losses, loaded with `eqopt.losses`.
+_LAZY_LOSSES = frozenset(
+    {
+        "convex_kl_divergence",
+        "cosine_distance",
+        "cosine_similarity",
+        "ctc_loss",
+        "ctc_loss_with_forward_probs",
+        "generalized_kl_divergence",
+        "hinge_loss",
+        "huber_loss",
+        "kl_divergence",
+        "l2_loss",
+        "log_cosh",
+        "ntxent",
+        "safe_softmax_cross_entropy",
+        "sigmoid_binary_cross_entropy",
+        "sigmoid_focal_loss",
+        "smooth_labels",
+        "softmax_cross_entropy",
+        "softmax_cross_entropy_with_integer_labels",
+        "squared_error",
+    }
 )
 
 if _TYPE_CHECKING:
     from . import (
         assignment as assignment,
         contrib as contrib,
+        losses as losses,
         microbatching as microbatching,
         perturbations as perturbations,
         projections as projections,
+    )
+    from .losses import (
+        convex_kl_divergence as convex_kl_divergence,
+        cosine_distance as cosine_distance,
+        cosine_similarity as cosine_similarity,
+        ctc_loss as ctc_loss,
+        ctc_loss_with_forward_probs as ctc_loss_with_forward_probs,
+        generalized_kl_divergence as generalized_kl_divergence,
+        hinge_loss as hinge_loss,
+        huber_loss as huber_loss,
+        kl_divergence as kl_divergence,
+        l2_loss as l2_loss,
+        log_cosh as log_cosh,
+        ntxent as ntxent,
+        safe_softmax_cross_entropy as safe_softmax_cross_entropy,
+        sigmoid_binary_cross_entropy as sigmoid_binary_cross_entropy,
+        sigmoid_focal_loss as sigmoid_focal_loss,
+        smooth_labels as smooth_labels,
+        softmax_cross_entropy as softmax_cross_entropy,
+        softmax_cross_entropy_with_integer_labels as softmax_cross_entropy_with_integer_labels,
+        squared_error as squared_error,
     )
 
 
 def __getattr__(name: str):
     if name in _LAZY_NAMESPACES:
         return importlib.import_module(f"{__name__}.{name}")
+    if name in _LAZY_LOSSES:
+        return getattr(importlib.import_module(f"{__name__}.losses"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | _LAZY_NAMESPACES)
+    return sorted(set(globals()) | _LAZY_NAMESPACES | _LAZY_LOSSES)
 
 
 # The eager part of the package.
 from . import (
-    losses as losses,
     monte_carlo as monte_carlo,
     schedules as schedules,
     second_order as second_order,
@@ -294,27 +341,6 @@ from ._wrappers.masked import (
     freeze as freeze,
     masked as masked,
     selective_transform as selective_transform,
-)
-from .losses import (
-    convex_kl_divergence as convex_kl_divergence,
-    cosine_distance as cosine_distance,
-    cosine_similarity as cosine_similarity,
-    ctc_loss as ctc_loss,
-    ctc_loss_with_forward_probs as ctc_loss_with_forward_probs,
-    generalized_kl_divergence as generalized_kl_divergence,
-    hinge_loss as hinge_loss,
-    huber_loss as huber_loss,
-    kl_divergence as kl_divergence,
-    l2_loss as l2_loss,
-    log_cosh as log_cosh,
-    ntxent as ntxent,
-    safe_softmax_cross_entropy as safe_softmax_cross_entropy,
-    sigmoid_binary_cross_entropy as sigmoid_binary_cross_entropy,
-    sigmoid_focal_loss as sigmoid_focal_loss,
-    smooth_labels as smooth_labels,
-    softmax_cross_entropy as softmax_cross_entropy,
-    softmax_cross_entropy_with_integer_labels as softmax_cross_entropy_with_integer_labels,
-    squared_error as squared_error,
 )
 from .monte_carlo import multi_normal as multi_normal
 from .schedules import (

@@ -30,13 +30,25 @@ def test_import_does_no_work_it_can_defer():
 
         print("beartype" in sys.modules)
         print(bool(xla_bridge._backends))
-        print(sorted(m for m in sys.modules if m.startswith("eqopt.contrib")))
+        lazy = ("eqopt.contrib", "eqopt.losses", "eqopt.projections")
+        print(sorted(m for m in sys.modules if m.startswith(lazy)))
         """
     )
     beartype, backend, contrib = out.splitlines()
     assert beartype == "False", "a type check ran while eqopt was imported"
     assert backend == "False", "JAX's backend was initialised while eqopt was imported"
     assert contrib == "[]"
+
+
+def test_optax_top_level_loss_names_load_the_losses():
+    out = _run(
+        """
+        import eqopt
+
+        print(eqopt.l2_loss is eqopt.losses.l2_loss, "l2_loss" in dir(eqopt))
+        """
+    )
+    assert out.split() == ["True", "True"]
 
 
 def test_lazy_namespaces_are_checked_however_imported():
