@@ -54,15 +54,9 @@ def _explicit_sharding(x: Any) -> Any:
     return None
 
 
-def _explicit_spec(x: Any) -> Any:
-    """The `PartitionSpec` of `x` if it names an explicit mesh axis, else `None`."""
-    sharding = _explicit_sharding(x)
-    return None if sharding is None else sharding.spec
-
-
 def is_explicitly_sharded(x: Any) -> bool:
     """Whether `x` is sharded over an explicit mesh axis."""
-    return _explicit_spec(x) is not None
+    return _explicit_sharding(x) is not None
 
 
 def gathered(x: Any) -> tuple[Any, Callable[[Any], Any]]:

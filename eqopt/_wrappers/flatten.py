@@ -6,6 +6,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .. import _sharding
 from .._base import (
     AbstractGradientTransformation,
     Params,
@@ -15,7 +16,6 @@ from .._base import (
     is_none,
     is_trainable,
 )
-from .._sharding import gathered
 
 
 @no_type_check
@@ -41,7 +41,7 @@ def _ravel(tree: Any, positions: list[int], like: Any) -> Any:
     pieces = [
         jnp.zeros(like_leaves[i].size, dtype)
         if leaves[i] is None
-        else jnp.ravel(gathered(leaves[i])[0]).astype(dtype)
+        else jnp.ravel(_sharding.gathered(leaves[i])[0]).astype(dtype)
         for i in positions
     ]
     return jnp.concatenate(pieces) if len(pieces) > 1 else pieces[0]
@@ -63,7 +63,7 @@ def _unravel(flat: Any, updates: Any, positions: list[int], like: Any) -> Any:
                 piece = jnp.real(piece)
             # Under explicit sharding the vector is replicated; each piece goes
             # back to its gradient's sharding.
-            out[i] = gathered(leaves[i])[1](piece.astype(leaves[i].dtype))
+            out[i] = _sharding.like(piece.astype(leaves[i].dtype), leaves[i])
         offset += size
     return jax.tree.unflatten(treedef, out)
 
