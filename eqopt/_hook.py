@@ -87,6 +87,13 @@ def _is_no_type_check(decorator: ast.expr) -> bool:
     return False
 
 
+def _is_preamble(statement: ast.stmt) -> bool:
+    """A module docstring or a `from __future__` import."""
+    if isinstance(statement, ast.Expr):
+        return isinstance(statement.value, ast.Constant)
+    return isinstance(statement, ast.ImportFrom) and statement.module == "__future__"
+
+
 def _decorator(name: str, node: ast.AST) -> ast.expr:
     expression = ast.Attribute(
         value=ast.Name(id=_ALIAS, ctx=ast.Load()), attr=name, ctx=ast.Load()
@@ -103,18 +110,11 @@ class _AddChecks(ast.NodeTransformer):
     """
 
     def visit_Module(self, node: ast.Module) -> ast.Module:
-        position = 0
-        for position, child in enumerate(node.body):  # noqa: B007
-            is_docstring = isinstance(child, ast.Expr) and isinstance(
-                child.value, ast.Constant
-            )
-            is_future = (
-                isinstance(child, ast.ImportFrom) and child.module == "__future__"
-            )
-            if not (is_docstring or is_future):
-                break
-        else:
-            position = len(node.body)
+        # After the docstring and `from __future__` imports.
+        position = next(
+            (index for index, child in enumerate(node.body) if not _is_preamble(child)),
+            len(node.body),
+        )
         # `import eqopt._hook as _eqopt_hook_` (already imported: costs a lookup).
         import_hook = ast.Import(names=[ast.alias(name="eqopt._hook", asname=_ALIAS)])
         node.body.insert(position, import_hook)
