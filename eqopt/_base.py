@@ -505,6 +505,14 @@ def as_transform(transform: Any) -> AbstractGradientTransformation:
 # ---------------------------------------------------------------------------
 
 
+def require_params(
+    params: Any, name: str, call: str = "update(updates, state, params)"
+) -> None:
+    """Raises the one `ValueError` of transforms that need `params` and got none."""
+    if params is None:
+        raise ValueError(f"{name} needs `params`: call `{call}`.")
+
+
 def zeros_like_trainable(params: Params, dtype: Any = None) -> Updates:
     """A tree shaped like `params`: zeros at trainable leaves, `None` elsewhere."""
 

@@ -19,6 +19,7 @@ from .._base import (
     is_none,
     leafwise,
     path_str,
+    require_params,
 )
 from .._hyper import as_scalar, check_hyperparameter
 from .._numerics import abs_squared, global_norm
@@ -46,13 +47,6 @@ def floored_rms(x, floor):
     small = mean_square <= floor**2
     root = jnp.sqrt(jnp.where(small, jnp.ones_like(mean_square), mean_square))
     return jnp.where(small, floor, root).astype(mean_square.dtype)
-
-
-def _require_params(params: Any, name: str) -> None:
-    if params is None:
-        raise ValueError(
-            f"{name} needs `params`: call `update(updates, state, params)`."
-        )
 
 
 # ---------------------------------------------------------------------------
@@ -96,7 +90,7 @@ class ScaleByParamBlockNorm(AbstractGradientTransformation):
         params: Params | None = None,
         **extra_args: Any,
     ) -> tuple[Updates, EmptyState]:
-        _require_params(params, "scale_by_param_block_norm")
+        require_params(params, "scale_by_param_block_norm")
         min_scale = self.min_scale
 
         @no_type_check
@@ -147,7 +141,7 @@ class ScaleByParamBlockRms(AbstractGradientTransformation):
         params: Params | None = None,
         **extra_args: Any,
     ) -> tuple[Updates, EmptyState]:
-        _require_params(params, "scale_by_param_block_rms")
+        require_params(params, "scale_by_param_block_rms")
         min_scale = self.min_scale
 
         @no_type_check
@@ -326,7 +320,7 @@ class AdaptiveGradClip(AbstractGradientTransformation):
         params: Params | None = None,
         **extra_args: Any,
     ) -> tuple[Updates, EmptyState]:
-        _require_params(params, "adaptive_grad_clip")
+        require_params(params, "adaptive_grad_clip")
         clipping, eps = self.clipping, self.eps
         flat = jax.tree_util.tree_flatten_with_path(updates, is_leaf=is_none)[0]
         for path, u in flat:

@@ -14,6 +14,7 @@ from .._base import (
     Updates,
     is_none,
     path_str,
+    require_params,
 )
 from .._hyper import ScalarLike, as_scalar, check_hyperparameter
 from .._numerics import abs_squared
@@ -137,11 +138,7 @@ class ScaleByDistanceOverGradients(AbstractGradientTransformation):
         params: Params | None = None,
         **extra_args: Any,
     ) -> tuple[Updates, ScaleByDistanceOverGradientsState]:
-        if params is None:
-            raise ValueError(
-                "scale_by_distance_over_gradients needs `params`: call "
-                "`update(updates, state, params)`."
-            )
+        require_params(params, "scale_by_distance_over_gradients")
         eps, global_scale = self.eps, self.global_scale
         params = jax.tree.map(
             lambda u, p: None if u is None else p, updates, params, is_leaf=is_none

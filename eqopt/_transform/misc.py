@@ -16,6 +16,7 @@ from .._base import (
     is_none,
     is_trainable,
     leafwise,
+    require_params,
     structure_mismatch_message,
 )
 
@@ -158,10 +159,7 @@ class KeepParamsNonnegative(AbstractGradientTransformation):
         params: Params | None = None,
         **extra_args: Any,
     ) -> tuple[Updates, EmptyState]:
-        if params is None:
-            raise ValueError(
-                "keep_params_nonnegative needs `params`: call `update(updates, state, params)`."
-            )
+        require_params(params, "keep_params_nonnegative")
         for path, leaf in zip(
             _paths(params), jax.tree.leaves(params, is_leaf=is_none), strict=True
         ):

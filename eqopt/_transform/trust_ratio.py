@@ -13,6 +13,7 @@ from .._base import (
     Params,
     Updates,
     leafwise,
+    require_params,
 )
 from .._combine import Chain
 from .._filters import FilterSpec
@@ -72,10 +73,7 @@ class ScaleByTrustRatio(AbstractGradientTransformation):
         params: Params | None = None,
         **extra_args: Any,
     ) -> tuple[Updates, EmptyState]:
-        if params is None:
-            raise ValueError(
-                "scale_by_trust_ratio needs `params`: call `update(updates, state, params)`."
-            )
+        require_params(params, "scale_by_trust_ratio")
         min_norm, coefficient, eps = self.min_norm, self.trust_coefficient, self.eps
 
         @no_type_check

@@ -17,6 +17,7 @@ from .._base import (
     as_transform,
     is_none,
     is_trainable,
+    require_params,
 )
 
 
@@ -188,10 +189,9 @@ class SAM(AbstractGradientTransformation):
                 "state, params, grad_fn=grad_fn)` with `grad_fn(params, i)` returning "
                 "the gradients at `params` (e.g. from `eqx.filter_grad`)."
             )
-        if params is None:
-            raise ValueError(
-                "sam needs `params`: call `update(updates, state, params, grad_fn=...)`."
-            )
+        require_params(
+            params, "sam", call="update(updates, state, params, grad_fn=...)"
+        )
         adv_params, adv_updates, adv_state = params, updates, state.adv_state
         for i in range(self.sync_period - 1):
             adv_updates, adv_state = self.adv_optimizer.update(

@@ -18,6 +18,7 @@ from .._base import (
     is_none,
     is_trainable,
     leafwise,
+    require_params,
 )
 from .._combine import Chain
 from .._hyper import (
@@ -139,10 +140,7 @@ class ScheduleFree(AbstractGradientTransformation):
         params: Params | None = None,
         **extra_args: Any,
     ) -> tuple[Updates, ScheduleFreeState]:
-        if params is None:
-            raise ValueError(
-                "schedule_free needs `params`: call `update(updates, state, params)`."
-            )
+        require_params(params, "schedule_free")
         learning_rate = self.learning_rate
         if callable(learning_rate):
             learning_rate = jnp.asarray(

@@ -18,6 +18,7 @@ from .._base import (
     is_none,
     is_trainable,
     leafwise,
+    require_params,
     zeros_like_trainable,
 )
 from .._combine import Chain
@@ -94,11 +95,11 @@ class HutchinsonEstimatorDiagHessian(AbstractGradientTransformation):
         obj_fn: Callable[[Params], Any] | None = None,
         **extra_args: Any,
     ) -> tuple[Updates, HutchinsonState]:
-        if params is None:
-            raise ValueError(
-                "hutchinson_estimator_diag_hessian needs `params`: call "
-                "`update(updates, state, params, obj_fn=...)`."
-            )
+        require_params(
+            params,
+            "hutchinson_estimator_diag_hessian",
+            call="update(updates, state, params, obj_fn=...)",
+        )
         if obj_fn is None:
             raise ValueError(
                 "hutchinson_estimator_diag_hessian needs the objective: call "
@@ -221,10 +222,9 @@ class ScaleBySophia(AbstractGradientTransformation):
         params: Params | None = None,
         **extra_args: Any,
     ) -> tuple[Updates, SophiaState]:
-        if params is None:
-            raise ValueError(
-                "sophia needs `params`: call `update(updates, state, params, obj_fn=...)`."
-            )
+        require_params(
+            params, "sophia", call="update(updates, state, params, obj_fn=...)"
+        )
         b1, b2, eps, gamma = self.b1, self.b2, self.eps, self.gamma
         count = safe_int32_increment(state.count)
         one_minus_b1, correction = 1 - b1, 1 - b1**count
