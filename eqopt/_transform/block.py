@@ -3,7 +3,8 @@
 A block is one leaf of the model: a weight matrix, a bias vector, a kernel.
 """
 
-from typing import Any, no_type_check
+from collections.abc import Callable
+from typing import Any, ClassVar, no_type_check
 
 import equinox as eqx
 import jax
@@ -54,7 +55,42 @@ def floored_rms(x, floor):
 # ---------------------------------------------------------------------------
 
 
-class ScaleByParamBlockNorm(AbstractGradientTransformation):
+class _AbstractScaleByParamBlock(AbstractGradientTransformation):
+    """Multiplies each leaf's update by a floored measure of that leaf of the params."""
+
+    min_scale: eqx.AbstractVar[Float[Array, ""]]
+    # The measure, `(leaf, floor) -> scalar`, and the Optax name for errors.
+    _measure: ClassVar[Callable[[Any, Any], Any]]
+    _name: ClassVar[str]
+
+    @property
+    def elementwise(self) -> bool:
+        return False
+
+    def __check_init__(self):
+        check_hyperparameter("min_scale", self.min_scale, low=0.0)
+
+    def init(self, params: Params) -> EmptyState:
+        return EmptyState()
+
+    def update(
+        self,
+        updates: Updates,
+        state: EmptyState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, EmptyState]:
+        require_params(params, self._name)
+        min_scale, measure = self.min_scale, type(self)._measure
+
+        @no_type_check
+        def step(u, p):
+            return (u * measure(p, min_scale)).astype(u.dtype)
+
+        return leafwise(step, updates, params), state
+
+
+class ScaleByParamBlockNorm(_AbstractScaleByParamBlock):
     r"""Multiplies each leaf's update by the L2 norm of that leaf of the parameters.
 
     $$ u_\ell \mapsto u_\ell \cdot \max(\|\theta_\ell\|_2,\ m) $$
@@ -73,31 +109,8 @@ class ScaleByParamBlockNorm(AbstractGradientTransformation):
 
     min_scale: Float[Array, ""] = eqx.field(default=1e-3, converter=as_scalar)
 
-    @property
-    def elementwise(self) -> bool:
-        return False
-
-    def __check_init__(self):
-        check_hyperparameter("min_scale", self.min_scale, low=0.0)
-
-    def init(self, params: Params) -> EmptyState:
-        return EmptyState()
-
-    def update(
-        self,
-        updates: Updates,
-        state: EmptyState,
-        params: Params | None = None,
-        **extra_args: Any,
-    ) -> tuple[Updates, EmptyState]:
-        require_params(params, "scale_by_param_block_norm")
-        min_scale = self.min_scale
-
-        @no_type_check
-        def step(u, p):
-            return (u * floored_norm(p, min_scale)).astype(u.dtype)
-
-        return leafwise(step, updates, params), state
+    _measure: ClassVar[Callable[[Any, Any], Any]] = staticmethod(floored_norm)
+    _name: ClassVar[str] = "scale_by_param_block_norm"
 
 
 def scale_by_param_block_norm(min_scale: Any = 1e-3) -> ScaleByParamBlockNorm:
@@ -105,7 +118,7 @@ def scale_by_param_block_norm(min_scale: Any = 1e-3) -> ScaleByParamBlockNorm:
     return ScaleByParamBlockNorm(min_scale=min_scale)
 
 
-class ScaleByParamBlockRms(AbstractGradientTransformation):
+class ScaleByParamBlockRms(_AbstractScaleByParamBlock):
     r"""Multiplies each leaf's update by the root mean square of that leaf of the parameters.
 
     $$ u_\ell \mapsto u_\ell \cdot \max\big(\mathrm{RMS}(\theta_\ell),\ m\big), \qquad
@@ -124,31 +137,8 @@ class ScaleByParamBlockRms(AbstractGradientTransformation):
 
     min_scale: Float[Array, ""] = eqx.field(default=1e-3, converter=as_scalar)
 
-    @property
-    def elementwise(self) -> bool:
-        return False
-
-    def __check_init__(self):
-        check_hyperparameter("min_scale", self.min_scale, low=0.0)
-
-    def init(self, params: Params) -> EmptyState:
-        return EmptyState()
-
-    def update(
-        self,
-        updates: Updates,
-        state: EmptyState,
-        params: Params | None = None,
-        **extra_args: Any,
-    ) -> tuple[Updates, EmptyState]:
-        require_params(params, "scale_by_param_block_rms")
-        min_scale = self.min_scale
-
-        @no_type_check
-        def step(u, p):
-            return (u * floored_rms(p, min_scale)).astype(u.dtype)
-
-        return leafwise(step, updates, params), state
+    _measure: ClassVar[Callable[[Any, Any], Any]] = staticmethod(floored_rms)
+    _name: ClassVar[str] = "scale_by_param_block_rms"
 
 
 def scale_by_param_block_rms(min_scale: Any = 1e-3) -> ScaleByParamBlockRms:
