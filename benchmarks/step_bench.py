@@ -381,12 +381,13 @@ def streaming_bandwidth(n, reps=9):
 
 
 #: Minimum bytes moved per parameter by one step (read grad, params and state,
-#: write params and state), float32 state.
+#: write params and state), float32 state. Clipping by the global norm reads the
+#: gradient once more: no update can start before the whole norm is known.
 BYTES_PER_PARAM = {
     "sgdm": 20,
     "adam": 28,
     "adamw": 28,
-    "clip+adamw+cos": 28,
+    "clip+adamw+cos": 32,
     "lion": 20,
     "rmsprop": 20,
     "adafactor": 12,
@@ -561,7 +562,7 @@ def table(results):
                 if roofline is None
                 else " / ".join(
                     fmt_ratio(roofline[lib])
-                    for lib in ("optax", "eqopt", "eqopt-packed")
+                    for lib in ("optax", "eqopt", "eqopt-bucketed", "eqopt-packed")
                 ),
                 fmt_ms(ms["optax"]["step"]["wall"]),
                 fmt_ms(ms["optax"]["compile"]["wall"]),

@@ -235,7 +235,7 @@ def test_bucketed_matches_per_leaf(case):
     """`bucketed(tx)` gives every registry transform's per-leaf updates, model-shaped."""
     model = make_model()
     tx = build(case.make, model)
-    bucketed = eqopt.bucketed(build(case.make, model))
+    bucketed = eqopt.bucketed(build(case.make, model), always=True)
     state, bucketed_state = tx.init(model), bucketed.init(model)
     for step in range(3):
         grads = random_grads(model, step)
@@ -256,7 +256,7 @@ def test_bucketed_matches_per_leaf(case):
 
 def test_bucketed_state_is_few_buffers_and_jits_without_retrace():
     model = eqx.nn.MLP(3, 2, 8, 4, key=jax.random.key(0))
-    opt = eqopt.bucketed(eqopt.adamw(1e-2))
+    opt = eqopt.bucketed(eqopt.adamw(1e-2), always=True)
     state = opt.init(model)
     moments = [x for x in jax.tree.leaves(state) if eqx.is_inexact_array(x)]
     assert len(moments) == 2  # mu and nu, one buffer each
@@ -286,3 +286,28 @@ def test_bucketed_updates_for_other_params_is_an_error():
     state = opt.init({"w": jnp.ones(3)})
     with pytest.raises(ValueError, match="made by this transform's `init`"):
         opt.update({"v": jnp.ones(3)}, state)
+
+
+def test_bucketed_chooses_buckets_only_where_they_pay():
+    """By default `bucketed` buckets many small leaves and keeps few or large ones per leaf."""
+    many_small = {f"w{i}": jnp.full((4, 3), 0.1 * i) for i in range(40)}
+    few_large = {"w": jnp.ones((20_000,)), "b": jnp.ones((3,))}
+    opt = eqopt.bucketed(eqopt.adam(1e-2))
+    small_state = opt.init(many_small)
+    large_state = opt.init(few_large)
+    assert small_state.is_bucketed
+    assert not large_state.is_bucketed
+    assert eqopt.bucketed(eqopt.adam(1e-2), always=True).init(few_large).is_bucketed
+    # Bucketed: one buffer per moment. Per leaf: exactly the inner transform.
+    moments = [x for x in jax.tree.leaves(small_state) if eqx.is_inexact_array(x)]
+    assert len(moments) == 2
+    inner = eqopt.adam(1e-2)
+    inner_state = inner.init(few_large)
+    grads = jax.tree.map(lambda x: 0.5 * x, few_large)
+    updates, large_state = opt.update(grads, large_state, few_large)
+    expected, inner_state = inner.update(grads, inner_state, few_large)
+    assert_tree_allclose(updates, expected, rtol=0, atol=0)
+    assert_tree_allclose(large_state.unpacked(), inner_state, rtol=0, atol=0)
+    # Both plans reject updates for other params with the same message.
+    with pytest.raises(ValueError, match="made by this transform's `init`"):
+        opt.update({"v": jnp.ones(3)}, large_state)

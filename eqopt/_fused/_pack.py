@@ -300,12 +300,8 @@ def repack_like(reference: Any, tree: Any) -> Any:
     )
 
 
-def packed_from_layout(layout: _Layout, treedef: Any, tree: PyTree[Any]) -> Packed:
-    """Packs a tree shaped like the model that `layout` and `treedef` describe.
-
-    Trainable leaves that are `None` become zeros; every other leaf of the
-    result's `rest` is `None`.
-    """
+def check_treedef(treedef: Any, tree: PyTree[Any]) -> list[Any]:
+    """The leaves of `tree` (`None` counted), if it has the structure `treedef` describes."""
     leaves, tree_treedef = jax.tree.flatten(tree, is_leaf=is_none)
     if tree_treedef != treedef:
         made_for = jax.tree.unflatten(treedef, [None] * treedef.num_leaves)
@@ -313,6 +309,16 @@ def packed_from_layout(layout: _Layout, treedef: Any, tree: PyTree[Any]) -> Pack
             structure_mismatch_message(tree, made_for, "updates", "state")
             + " Was the state made by this transform's `init` on these params?"
         )
+    return leaves
+
+
+def packed_from_layout(layout: _Layout, treedef: Any, tree: PyTree[Any]) -> Packed:
+    """Packs a tree shaped like the model that `layout` and `treedef` describe.
+
+    Trainable leaves that are `None` become zeros; every other leaf of the
+    result's `rest` is `None`.
+    """
+    leaves = check_treedef(treedef, tree)
     filled = list(leaves)
     for slot in layout.slots:
         if filled[slot.leaf_index] is None:
