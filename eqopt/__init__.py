@@ -20,44 +20,265 @@ from ._typecheck import ArgumentTypeError as ArgumentTypeError
 # (`eqopt.contrib`, `import eqopt.contrib`, `from eqopt.contrib import muon`).
 _hook.install()
 
-# The research namespaces load on first use, which keeps `import eqopt` close to
-# `import jax, equinox` (benchmarks/import_time.py).
-_LAZY_NAMESPACES = frozenset(
-    {"assignment", "contrib", "losses", "microbatching", "perturbations", "projections"}
-)
-# Optax's top-level spellings of losses, loaded with `eqopt.losses`.
-_LAZY_LOSSES = frozenset(
-    {
-        "convex_kl_divergence",
-        "cosine_distance",
-        "cosine_similarity",
-        "ctc_loss",
-        "ctc_loss_with_forward_probs",
-        "generalized_kl_divergence",
-        "hinge_loss",
-        "huber_loss",
-        "kl_divergence",
-        "l2_loss",
-        "log_cosh",
-        "ntxent",
-        "safe_softmax_cross_entropy",
-        "sigmoid_binary_cross_entropy",
-        "sigmoid_focal_loss",
-        "smooth_labels",
-        "softmax_cross_entropy",
-        "softmax_cross_entropy_with_integer_labels",
-        "squared_error",
-    }
-)
-
+# Every public name loads on first use (PEP 562), which keeps `import eqopt` close
+# to `import jax, equinox` (benchmarks/import_time.py): `eqopt.adam` imports the
+# modules it needs the first time it is read, and then it is a plain attribute.
+# The names and where they live are the imports in the `_TYPE_CHECKING` block
+# below, which type checkers and the docs read as ordinary imports; at run time
+# that block is read once, on the first lookup, to build the table.
 if _TYPE_CHECKING:
     from . import (
         assignment as assignment,
         contrib as contrib,
         losses as losses,
         microbatching as microbatching,
+        monte_carlo as monte_carlo,
         perturbations as perturbations,
         projections as projections,
+        schedules as schedules,
+        second_order as second_order,
+        tree as tree,
+    )
+    from ._alias import (
+        adagrad as adagrad,
+        adam as adam,
+        adamax as adamax,
+        adamaxw as adamaxw,
+        adamw as adamw,
+        amsgrad as amsgrad,
+        nadam as nadam,
+        nadamw as nadamw,
+        rmsprop as rmsprop,
+        sgd as sgd,
+    )
+    from ._apply import (
+        apply_updates as apply_updates,
+        incremental_update as incremental_update,
+        periodic_update as periodic_update,
+    )
+    from ._base import (
+        AbstractGradientTransformation as AbstractGradientTransformation,
+        EmptyState as EmptyState,
+        GradientTransformation as GradientTransformation,
+        GradientTransformationExtraArgs as GradientTransformationExtraArgs,
+        OptState as OptState,
+        Params as Params,
+        Updates as Updates,
+    )
+    from ._combine import (
+        Chain as Chain,
+        ChainState as ChainState,
+        Partition as Partition,
+        PartitionState as PartitionState,
+        chain as chain,
+        multi_transform as multi_transform,
+        named_chain as named_chain,
+        partition as partition,
+    )
+    from ._filters import FilterSpec as FilterSpec
+    from ._fused._bucketed import (
+        Bucketed as Bucketed,
+        BucketedState as BucketedState,
+        bucketed as bucketed,
+    )
+    from ._fused._pack import Packed as Packed, pack as pack
+    from ._hyper import ScalarOrSchedule as ScalarOrSchedule
+    from ._interop import (
+        FromOptax as FromOptax,
+        FromOptaxState as FromOptaxState,
+        OptaxTransformation as OptaxTransformation,
+        from_optax as from_optax,
+        to_optax as to_optax,
+    )
+    from ._linalg import (
+        matrix_inverse_pth_root as matrix_inverse_pth_root,
+        nnls as nnls,
+        power_iteration as power_iteration,
+        scale_gradient as scale_gradient,
+    )
+    from ._numerics import (
+        bias_correction as bias_correction,
+        global_norm as global_norm,
+        safe_increment as safe_increment,
+        safe_int32_increment as safe_int32_increment,
+        safe_norm as safe_norm,
+        safe_root_mean_squares as safe_root_mean_squares,
+        update_infinity_moment as update_infinity_moment,
+        update_moment as update_moment,
+        update_moment_per_elem_norm as update_moment_per_elem_norm,
+    )
+    from ._train_state import TrainState as TrainState
+    from ._transform._linesearch_common import (
+        value_and_grad_from_state as value_and_grad_from_state,
+    )
+    from ._transform.adam import (
+        ScaleByAdam as ScaleByAdam,
+        ScaleByAdamax as ScaleByAdamax,
+        ScaleByAdamaxState as ScaleByAdamaxState,
+        ScaleByAdamState as ScaleByAdamState,
+        ScaleByAmsgrad as ScaleByAmsgrad,
+        ScaleByAmsgradState as ScaleByAmsgradState,
+        scale_by_adam as scale_by_adam,
+        scale_by_adamax as scale_by_adamax,
+        scale_by_amsgrad as scale_by_amsgrad,
+    )
+    from ._transform.backtracking import (
+        BacktrackingLinesearchInfo as BacktrackingLinesearchInfo,
+        ScaleByBacktrackingLinesearch as ScaleByBacktrackingLinesearch,
+        ScaleByBacktrackingLinesearchState as ScaleByBacktrackingLinesearchState,
+        scale_by_backtracking_linesearch as scale_by_backtracking_linesearch,
+    )
+    from ._transform.basic import (
+        Identity as Identity,
+        Scale as Scale,
+        ScaleByLearningRate as ScaleByLearningRate,
+        ScaleBySchedule as ScaleBySchedule,
+        ScaleByScheduleState as ScaleByScheduleState,
+        SetToZero as SetToZero,
+        Stateless as Stateless,
+        StatelessWithTreeMap as StatelessWithTreeMap,
+        identity as identity,
+        init_empty_state as init_empty_state,
+        scale as scale,
+        scale_by_learning_rate as scale_by_learning_rate,
+        scale_by_schedule as scale_by_schedule,
+        set_to_zero as set_to_zero,
+        stateless as stateless,
+        stateless_with_tree_map as stateless_with_tree_map,
+        with_extra_args_support as with_extra_args_support,
+    )
+    from ._transform.clipping import (
+        Clip as Clip,
+        ClipByGlobalNorm as ClipByGlobalNorm,
+        clip as clip,
+        clip_by_global_norm as clip_by_global_norm,
+    )
+    from ._transform.decay import (
+        AddDecayedWeights as AddDecayedWeights,
+        add_decayed_weights as add_decayed_weights,
+    )
+
+    # L-BFGS and line searches (issue 7).
+    from ._transform.lbfgs import (
+        ScaleByLBFGS as ScaleByLBFGS,
+        ScaleByLBFGSState as ScaleByLBFGSState,
+        lbfgs as lbfgs,
+        scale_by_lbfgs as scale_by_lbfgs,
+    )
+    from ._transform.linesearch import (
+        ScaleByZoomLinesearch as ScaleByZoomLinesearch,
+        ScaleByZoomLinesearchState as ScaleByZoomLinesearchState,
+        ZoomLinesearchInfo as ZoomLinesearchInfo,
+        scale_by_zoom_linesearch as scale_by_zoom_linesearch,
+    )
+    from ._transform.misc import (
+        Centralize as Centralize,
+        KeepParamsNonnegative as KeepParamsNonnegative,
+        ZeroNans as ZeroNans,
+        ZeroNansState as ZeroNansState,
+        centralize as centralize,
+        keep_params_nonnegative as keep_params_nonnegative,
+        zero_nans as zero_nans,
+    )
+    from ._transform.momentum import (
+        Ema as Ema,
+        EmaState as EmaState,
+        Trace as Trace,
+        TraceState as TraceState,
+        ema as ema,
+        trace as trace,
+    )
+    from ._transform.noise import (
+        AddNoise as AddNoise,
+        AddNoiseState as AddNoiseState,
+        add_noise as add_noise,
+        noisy_sgd as noisy_sgd,
+    )
+    from ._transform.rms import (
+        ScaleByRms as ScaleByRms,
+        ScaleByRmsState as ScaleByRmsState,
+        ScaleByRss as ScaleByRss,
+        ScaleByRssState as ScaleByRssState,
+        ScaleByStddev as ScaleByStddev,
+        ScaleByStddevState as ScaleByStddevState,
+        scale_by_rms as scale_by_rms,
+        scale_by_rss as scale_by_rss,
+        scale_by_stddev as scale_by_stddev,
+    )
+    from ._transform.sign import (
+        ScaleByLion as ScaleByLion,
+        ScaleByLionState as ScaleByLionState,
+        ScaleBySign as ScaleBySign,
+        lion as lion,
+        scale_by_lion as scale_by_lion,
+        scale_by_sign as scale_by_sign,
+        sign_sgd as sign_sgd,
+        signum as signum,
+    )
+    from ._typing import (
+        MaskOrFn as MaskOrFn,
+        Schedule as Schedule,
+        TransformInitFn as TransformInitFn,
+        TransformUpdateExtraArgsFn as TransformUpdateExtraArgsFn,
+        TransformUpdateFn as TransformUpdateFn,
+    )
+    from ._wrappers import (
+        ApplyEvery as ApplyEvery,
+        ApplyEveryState as ApplyEveryState,
+        ApplyIfFinite as ApplyIfFinite,
+        ApplyIfFiniteState as ApplyIfFiniteState,
+        ConditionallyMask as ConditionallyMask,
+        ConditionallyMaskState as ConditionallyMaskState,
+        ConditionallyTransform as ConditionallyTransform,
+        ConditionallyTransformState as ConditionallyTransformState,
+        DifferentiallyPrivateAggregate as DifferentiallyPrivateAggregate,
+        DifferentiallyPrivateAggregateState as DifferentiallyPrivateAggregateState,
+        Flatten as Flatten,
+        FlattenState as FlattenState,
+        Lookahead as Lookahead,
+        LookaheadParams as LookaheadParams,
+        LookaheadState as LookaheadState,
+        MeasureWithEma as MeasureWithEma,
+        MeasureWithEmaState as MeasureWithEmaState,
+        Monitor as Monitor,
+        MonitorState as MonitorState,
+        MultiSteps as MultiSteps,
+        MultiStepsState as MultiStepsState,
+        ShouldSkipUpdateFunction as ShouldSkipUpdateFunction,
+        Snapshot as Snapshot,
+        SnapshotState as SnapshotState,
+        apply_every as apply_every,
+        apply_if_finite as apply_if_finite,
+        conditionally_mask as conditionally_mask,
+        conditionally_transform as conditionally_transform,
+        differentially_private_aggregate as differentially_private_aggregate,
+        dpsgd as dpsgd,
+        flatten as flatten,
+        lookahead as lookahead,
+        measure_with_ema as measure_with_ema,
+        microbatch as microbatch,
+        monitor as monitor,
+        per_example_global_norm_clip as per_example_global_norm_clip,
+        per_example_layer_norm_clip as per_example_layer_norm_clip,
+        skip_large_updates as skip_large_updates,
+        skip_not_finite as skip_not_finite,
+        snapshot as snapshot,
+    )
+    from ._wrappers.inject import (
+        InjectHyperparams as InjectHyperparams,
+        InjectHyperparamsState as InjectHyperparamsState,
+        InjectStatefulHyperparams as InjectStatefulHyperparams,
+        InjectStatefulHyperparamsState as InjectStatefulHyperparamsState,
+        inject_hyperparams as inject_hyperparams,
+        inject_stateful_hyperparams as inject_stateful_hyperparams,
+    )
+    from ._wrappers.masked import (
+        Masked as Masked,
+        MaskedState as MaskedState,
+        SelectiveTransform as SelectiveTransform,
+        freeze as freeze,
+        masked as masked,
+        selective_transform as selective_transform,
     )
     from .losses import (
         convex_kl_divergence as convex_kl_divergence,
@@ -80,405 +301,200 @@ if _TYPE_CHECKING:
         softmax_cross_entropy_with_integer_labels as softmax_cross_entropy_with_integer_labels,
         squared_error as squared_error,
     )
+    from .monte_carlo import multi_normal as multi_normal
+    from .schedules import (
+        AbstractSchedule as AbstractSchedule,
+        ConstantSchedule as ConstantSchedule,
+        CosineDecaySchedule as CosineDecaySchedule,
+        CosineOnecycleSchedule as CosineOnecycleSchedule,
+        ExponentialDecaySchedule as ExponentialDecaySchedule,
+        FunctionSchedule as FunctionSchedule,
+        JoinSchedules as JoinSchedules,
+        LinearOnecycleSchedule as LinearOnecycleSchedule,
+        LinearSchedule as LinearSchedule,
+        PiecewiseConstantSchedule as PiecewiseConstantSchedule,
+        PiecewiseInterpolateSchedule as PiecewiseInterpolateSchedule,
+        PolynomialSchedule as PolynomialSchedule,
+        WarmupConstantSchedule as WarmupConstantSchedule,
+        WarmupCosineDecaySchedule as WarmupCosineDecaySchedule,
+        WarmupExponentialDecaySchedule as WarmupExponentialDecaySchedule,
+        as_schedule as as_schedule,
+        constant_schedule as constant_schedule,
+        cosine_decay_schedule as cosine_decay_schedule,
+        cosine_onecycle_schedule as cosine_onecycle_schedule,
+        exponential_decay as exponential_decay,
+        join_schedules as join_schedules,
+        linear_onecycle_schedule as linear_onecycle_schedule,
+        linear_schedule as linear_schedule,
+        piecewise_constant_schedule as piecewise_constant_schedule,
+        piecewise_interpolate_schedule as piecewise_interpolate_schedule,
+        polynomial_schedule as polynomial_schedule,
+        sgdr_schedule as sgdr_schedule,
+        warmup_constant_schedule as warmup_constant_schedule,
+        warmup_cosine_decay_schedule as warmup_cosine_decay_schedule,
+        warmup_exponential_decay_schedule as warmup_exponential_decay_schedule,
+    )
+    from .schedules._stateful import (
+        AbstractStatefulSchedule as AbstractStatefulSchedule,
+        ScheduleCountState as ScheduleCountState,
+        WrappedSchedule as WrappedSchedule,
+    )
+    from .tree import map_params as tree_map_params  # noqa: F401 (Optax's name)
+
+    # isort: split
+    # Adafactor, trust ratios and per-block scaling (issue 7).
+    from ._transform.block import (
+        AdaptiveGradClip as AdaptiveGradClip,
+        ClipByBlockRms as ClipByBlockRms,
+        NormalizeByUpdateNorm as NormalizeByUpdateNorm,
+        ScaleByParamBlockNorm as ScaleByParamBlockNorm,
+        ScaleByParamBlockRms as ScaleByParamBlockRms,
+        adaptive_grad_clip as adaptive_grad_clip,
+        clip_by_block_rms as clip_by_block_rms,
+        normalize_by_update_norm as normalize_by_update_norm,
+        scale_by_param_block_norm as scale_by_param_block_norm,
+        scale_by_param_block_rms as scale_by_param_block_rms,
+    )
+    from ._transform.factored import (
+        ScaleByFactoredRms as ScaleByFactoredRms,
+        ScaleByFactoredRmsState as ScaleByFactoredRmsState,
+        adafactor as adafactor,
+        scale_by_factored_rms as scale_by_factored_rms,
+    )
+    from ._transform.trust_ratio import (
+        ScaleByTrustRatio as ScaleByTrustRatio,
+        fromage as fromage,
+        lamb as lamb,
+        lars as lars,
+        scale_by_trust_ratio as scale_by_trust_ratio,
+    )
+
+    # isort: split
+    # Adaptive and game optimisers: AdaBelief, Adadelta, Adan, NovoGrad, RAdam,
+    # Rprop, SM3, Yogi, optimistic methods, Polyak's step, DoG.
+    from ._transform.adadelta import (
+        ScaleByAdadelta as ScaleByAdadelta,
+        ScaleByAdadeltaState as ScaleByAdadeltaState,
+        adadelta as adadelta,
+        scale_by_adadelta as scale_by_adadelta,
+    )
+    from ._transform.adan import (
+        ScaleByAdan as ScaleByAdan,
+        ScaleByAdanState as ScaleByAdanState,
+        adan as adan,
+        scale_by_adan as scale_by_adan,
+    )
+    from ._transform.belief import (
+        ScaleByBelief as ScaleByBelief,
+        ScaleByBeliefState as ScaleByBeliefState,
+        adabelief as adabelief,
+        scale_by_belief as scale_by_belief,
+    )
+    from ._transform.dog import (
+        ScaleByDistanceOverGradients as ScaleByDistanceOverGradients,
+        ScaleByDistanceOverGradientsState as ScaleByDistanceOverGradientsState,
+        scale_by_distance_over_gradients as scale_by_distance_over_gradients,
+    )
+    from ._transform.novograd import (
+        ScaleByNovograd as ScaleByNovograd,
+        ScaleByNovogradState as ScaleByNovogradState,
+        novograd as novograd,
+        scale_by_novograd as scale_by_novograd,
+    )
+    from ._transform.optimistic import (
+        ScaleByOptimisticGradient as ScaleByOptimisticGradient,
+        ScaleByOptimisticGradientState as ScaleByOptimisticGradientState,
+        optimistic_adam as optimistic_adam,
+        optimistic_adam_v2 as optimistic_adam_v2,
+        optimistic_gradient_descent as optimistic_gradient_descent,
+        scale_by_optimistic_gradient as scale_by_optimistic_gradient,
+    )
+    from ._transform.polyak import (
+        ScaleByPolyak as ScaleByPolyak,
+        polyak_sgd as polyak_sgd,
+        scale_by_polyak as scale_by_polyak,
+    )
+    from ._transform.radam import (
+        ScaleByRadam as ScaleByRadam,
+        radam as radam,
+        scale_by_radam as scale_by_radam,
+    )
+    from ._transform.rprop import (
+        ScaleByRprop as ScaleByRprop,
+        ScaleByRpropState as ScaleByRpropState,
+        rprop as rprop,
+        scale_by_rprop as scale_by_rprop,
+    )
+    from ._transform.sm3 import (
+        ScaleBySM3 as ScaleBySM3,
+        ScaleBySM3State as ScaleBySM3State,
+        scale_by_sm3 as scale_by_sm3,
+        sm3 as sm3,
+    )
+    from ._transform.yogi import (
+        ScaleByYogi as ScaleByYogi,
+        scale_by_yogi as scale_by_yogi,
+        yogi as yogi,
+    )
+
+
+def _public_names() -> dict[str, tuple[str, str | None]]:
+    # name -> (module, attribute in it), None for a submodule.
+    import ast
+
+    with open(__file__, encoding="utf-8") as file:
+        module = ast.parse(file.read())
+    block = next(
+        node
+        for node in module.body
+        if isinstance(node, ast.If)
+        and isinstance(node.test, ast.Name)
+        and node.test.id == "_TYPE_CHECKING"
+    )
+    table: dict[str, tuple[str, str | None]] = {}
+    for node in block.body:
+        assert isinstance(node, ast.ImportFrom) and node.level == 1
+        for alias in node.names:
+            name = alias.asname or alias.name
+            if node.module is None:
+                table[name] = (f"{__name__}.{alias.name}", None)
+            else:
+                table[name] = (f"{__name__}.{node.module}", alias.name)
+    return table
+
+
+_PUBLIC: dict[str, tuple[str, str | None]] | None = None
+
+
+def _table() -> dict[str, tuple[str, str | None]]:
+    global _PUBLIC
+    if _PUBLIC is None:
+        _PUBLIC = _public_names()
+    return _PUBLIC
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("eqopt")
+    except importlib.metadata.PackageNotFoundError:  # running from a checkout
+        return "0.1.0"
 
 
 def __getattr__(name: str):
-    if name in _LAZY_NAMESPACES:
-        return importlib.import_module(f"{__name__}.{name}")
-    if name in _LAZY_LOSSES:
-        return getattr(importlib.import_module(f"{__name__}.losses"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name == "__version__":  # reading the installed metadata takes a while
+        value = globals()[name] = _version()
+        return value
+    if name == "__all__":  # `from eqopt import *`
+        return sorted(n for n in _table() if not n.startswith("_"))
+    where = _table().get(name) if not name.startswith("__") else None
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module_name, attribute = where
+    module = importlib.import_module(module_name)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value  # from now on a plain attribute
+    return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | _LAZY_NAMESPACES | _LAZY_LOSSES)
-
-
-# The eager part of the package.
-from . import (
-    monte_carlo as monte_carlo,
-    schedules as schedules,
-    second_order as second_order,
-    tree as tree,
-)
-from ._alias import (
-    adagrad as adagrad,
-    adam as adam,
-    adamax as adamax,
-    adamaxw as adamaxw,
-    adamw as adamw,
-    amsgrad as amsgrad,
-    nadam as nadam,
-    nadamw as nadamw,
-    rmsprop as rmsprop,
-    sgd as sgd,
-)
-from ._apply import (
-    apply_updates as apply_updates,
-    incremental_update as incremental_update,
-    periodic_update as periodic_update,
-)
-from ._base import (
-    AbstractGradientTransformation as AbstractGradientTransformation,
-    EmptyState as EmptyState,
-    GradientTransformation as GradientTransformation,
-    GradientTransformationExtraArgs as GradientTransformationExtraArgs,
-    OptState as OptState,
-    Params as Params,
-    Updates as Updates,
-)
-from ._combine import (
-    Chain as Chain,
-    ChainState as ChainState,
-    Partition as Partition,
-    PartitionState as PartitionState,
-    chain as chain,
-    multi_transform as multi_transform,
-    named_chain as named_chain,
-    partition as partition,
-)
-from ._filters import FilterSpec as FilterSpec
-from ._fused._bucketed import (
-    Bucketed as Bucketed,
-    BucketedState as BucketedState,
-    bucketed as bucketed,
-)
-from ._fused._pack import Packed as Packed, pack as pack
-from ._hyper import ScalarOrSchedule as ScalarOrSchedule
-from ._interop import (
-    FromOptax as FromOptax,
-    FromOptaxState as FromOptaxState,
-    OptaxTransformation as OptaxTransformation,
-    from_optax as from_optax,
-    to_optax as to_optax,
-)
-from ._linalg import (
-    matrix_inverse_pth_root as matrix_inverse_pth_root,
-    nnls as nnls,
-    power_iteration as power_iteration,
-    scale_gradient as scale_gradient,
-)
-from ._numerics import (
-    bias_correction as bias_correction,
-    global_norm as global_norm,
-    safe_increment as safe_increment,
-    safe_int32_increment as safe_int32_increment,
-    safe_norm as safe_norm,
-    safe_root_mean_squares as safe_root_mean_squares,
-    update_infinity_moment as update_infinity_moment,
-    update_moment as update_moment,
-    update_moment_per_elem_norm as update_moment_per_elem_norm,
-)
-from ._train_state import TrainState as TrainState
-from ._transform._linesearch_common import (
-    value_and_grad_from_state as value_and_grad_from_state,
-)
-from ._transform.adam import (
-    ScaleByAdam as ScaleByAdam,
-    ScaleByAdamax as ScaleByAdamax,
-    ScaleByAdamaxState as ScaleByAdamaxState,
-    ScaleByAdamState as ScaleByAdamState,
-    ScaleByAmsgrad as ScaleByAmsgrad,
-    ScaleByAmsgradState as ScaleByAmsgradState,
-    scale_by_adam as scale_by_adam,
-    scale_by_adamax as scale_by_adamax,
-    scale_by_amsgrad as scale_by_amsgrad,
-)
-from ._transform.backtracking import (
-    BacktrackingLinesearchInfo as BacktrackingLinesearchInfo,
-    ScaleByBacktrackingLinesearch as ScaleByBacktrackingLinesearch,
-    ScaleByBacktrackingLinesearchState as ScaleByBacktrackingLinesearchState,
-    scale_by_backtracking_linesearch as scale_by_backtracking_linesearch,
-)
-from ._transform.basic import (
-    Identity as Identity,
-    Scale as Scale,
-    ScaleByLearningRate as ScaleByLearningRate,
-    ScaleBySchedule as ScaleBySchedule,
-    ScaleByScheduleState as ScaleByScheduleState,
-    SetToZero as SetToZero,
-    Stateless as Stateless,
-    StatelessWithTreeMap as StatelessWithTreeMap,
-    identity as identity,
-    init_empty_state as init_empty_state,
-    scale as scale,
-    scale_by_learning_rate as scale_by_learning_rate,
-    scale_by_schedule as scale_by_schedule,
-    set_to_zero as set_to_zero,
-    stateless as stateless,
-    stateless_with_tree_map as stateless_with_tree_map,
-    with_extra_args_support as with_extra_args_support,
-)
-from ._transform.clipping import (
-    Clip as Clip,
-    ClipByGlobalNorm as ClipByGlobalNorm,
-    clip as clip,
-    clip_by_global_norm as clip_by_global_norm,
-)
-from ._transform.decay import (
-    AddDecayedWeights as AddDecayedWeights,
-    add_decayed_weights as add_decayed_weights,
-)
-
-# L-BFGS and line searches (issue 7).
-from ._transform.lbfgs import (
-    ScaleByLBFGS as ScaleByLBFGS,
-    ScaleByLBFGSState as ScaleByLBFGSState,
-    lbfgs as lbfgs,
-    scale_by_lbfgs as scale_by_lbfgs,
-)
-from ._transform.linesearch import (
-    ScaleByZoomLinesearch as ScaleByZoomLinesearch,
-    ScaleByZoomLinesearchState as ScaleByZoomLinesearchState,
-    ZoomLinesearchInfo as ZoomLinesearchInfo,
-    scale_by_zoom_linesearch as scale_by_zoom_linesearch,
-)
-from ._transform.misc import (
-    Centralize as Centralize,
-    KeepParamsNonnegative as KeepParamsNonnegative,
-    ZeroNans as ZeroNans,
-    ZeroNansState as ZeroNansState,
-    centralize as centralize,
-    keep_params_nonnegative as keep_params_nonnegative,
-    zero_nans as zero_nans,
-)
-from ._transform.momentum import (
-    Ema as Ema,
-    EmaState as EmaState,
-    Trace as Trace,
-    TraceState as TraceState,
-    ema as ema,
-    trace as trace,
-)
-from ._transform.noise import (
-    AddNoise as AddNoise,
-    AddNoiseState as AddNoiseState,
-    add_noise as add_noise,
-    noisy_sgd as noisy_sgd,
-)
-from ._transform.rms import (
-    ScaleByRms as ScaleByRms,
-    ScaleByRmsState as ScaleByRmsState,
-    ScaleByRss as ScaleByRss,
-    ScaleByRssState as ScaleByRssState,
-    ScaleByStddev as ScaleByStddev,
-    ScaleByStddevState as ScaleByStddevState,
-    scale_by_rms as scale_by_rms,
-    scale_by_rss as scale_by_rss,
-    scale_by_stddev as scale_by_stddev,
-)
-from ._transform.sign import (
-    ScaleByLion as ScaleByLion,
-    ScaleByLionState as ScaleByLionState,
-    ScaleBySign as ScaleBySign,
-    lion as lion,
-    scale_by_lion as scale_by_lion,
-    scale_by_sign as scale_by_sign,
-    sign_sgd as sign_sgd,
-    signum as signum,
-)
-from ._typing import (
-    MaskOrFn as MaskOrFn,
-    Schedule as Schedule,
-    TransformInitFn as TransformInitFn,
-    TransformUpdateExtraArgsFn as TransformUpdateExtraArgsFn,
-    TransformUpdateFn as TransformUpdateFn,
-)
-from ._wrappers import (
-    ApplyEvery as ApplyEvery,
-    ApplyEveryState as ApplyEveryState,
-    ApplyIfFinite as ApplyIfFinite,
-    ApplyIfFiniteState as ApplyIfFiniteState,
-    ConditionallyMask as ConditionallyMask,
-    ConditionallyMaskState as ConditionallyMaskState,
-    ConditionallyTransform as ConditionallyTransform,
-    ConditionallyTransformState as ConditionallyTransformState,
-    DifferentiallyPrivateAggregate as DifferentiallyPrivateAggregate,
-    DifferentiallyPrivateAggregateState as DifferentiallyPrivateAggregateState,
-    Flatten as Flatten,
-    FlattenState as FlattenState,
-    Lookahead as Lookahead,
-    LookaheadParams as LookaheadParams,
-    LookaheadState as LookaheadState,
-    MeasureWithEma as MeasureWithEma,
-    MeasureWithEmaState as MeasureWithEmaState,
-    Monitor as Monitor,
-    MonitorState as MonitorState,
-    MultiSteps as MultiSteps,
-    MultiStepsState as MultiStepsState,
-    ShouldSkipUpdateFunction as ShouldSkipUpdateFunction,
-    Snapshot as Snapshot,
-    SnapshotState as SnapshotState,
-    apply_every as apply_every,
-    apply_if_finite as apply_if_finite,
-    conditionally_mask as conditionally_mask,
-    conditionally_transform as conditionally_transform,
-    differentially_private_aggregate as differentially_private_aggregate,
-    dpsgd as dpsgd,
-    flatten as flatten,
-    lookahead as lookahead,
-    measure_with_ema as measure_with_ema,
-    microbatch as microbatch,
-    monitor as monitor,
-    per_example_global_norm_clip as per_example_global_norm_clip,
-    per_example_layer_norm_clip as per_example_layer_norm_clip,
-    skip_large_updates as skip_large_updates,
-    skip_not_finite as skip_not_finite,
-    snapshot as snapshot,
-)
-from ._wrappers.inject import (
-    InjectHyperparams as InjectHyperparams,
-    InjectHyperparamsState as InjectHyperparamsState,
-    InjectStatefulHyperparams as InjectStatefulHyperparams,
-    InjectStatefulHyperparamsState as InjectStatefulHyperparamsState,
-    inject_hyperparams as inject_hyperparams,
-    inject_stateful_hyperparams as inject_stateful_hyperparams,
-)
-from ._wrappers.masked import (
-    Masked as Masked,
-    MaskedState as MaskedState,
-    SelectiveTransform as SelectiveTransform,
-    freeze as freeze,
-    masked as masked,
-    selective_transform as selective_transform,
-)
-from .monte_carlo import multi_normal as multi_normal
-from .schedules import (
-    AbstractSchedule as AbstractSchedule,
-    ConstantSchedule as ConstantSchedule,
-    CosineDecaySchedule as CosineDecaySchedule,
-    CosineOnecycleSchedule as CosineOnecycleSchedule,
-    ExponentialDecaySchedule as ExponentialDecaySchedule,
-    FunctionSchedule as FunctionSchedule,
-    JoinSchedules as JoinSchedules,
-    LinearOnecycleSchedule as LinearOnecycleSchedule,
-    LinearSchedule as LinearSchedule,
-    PiecewiseConstantSchedule as PiecewiseConstantSchedule,
-    PiecewiseInterpolateSchedule as PiecewiseInterpolateSchedule,
-    PolynomialSchedule as PolynomialSchedule,
-    WarmupConstantSchedule as WarmupConstantSchedule,
-    WarmupCosineDecaySchedule as WarmupCosineDecaySchedule,
-    WarmupExponentialDecaySchedule as WarmupExponentialDecaySchedule,
-    as_schedule as as_schedule,
-    constant_schedule as constant_schedule,
-    cosine_decay_schedule as cosine_decay_schedule,
-    cosine_onecycle_schedule as cosine_onecycle_schedule,
-    exponential_decay as exponential_decay,
-    join_schedules as join_schedules,
-    linear_onecycle_schedule as linear_onecycle_schedule,
-    linear_schedule as linear_schedule,
-    piecewise_constant_schedule as piecewise_constant_schedule,
-    piecewise_interpolate_schedule as piecewise_interpolate_schedule,
-    polynomial_schedule as polynomial_schedule,
-    sgdr_schedule as sgdr_schedule,
-    warmup_constant_schedule as warmup_constant_schedule,
-    warmup_cosine_decay_schedule as warmup_cosine_decay_schedule,
-    warmup_exponential_decay_schedule as warmup_exponential_decay_schedule,
-)
-from .schedules._stateful import (
-    AbstractStatefulSchedule as AbstractStatefulSchedule,
-    ScheduleCountState as ScheduleCountState,
-    WrappedSchedule as WrappedSchedule,
-)
-from .tree import map_params as tree_map_params  # noqa: F401 (Optax's name)
-
-# isort: split
-# Adafactor, trust ratios and per-block scaling (issue 7).
-from ._transform.block import (
-    AdaptiveGradClip as AdaptiveGradClip,
-    ClipByBlockRms as ClipByBlockRms,
-    NormalizeByUpdateNorm as NormalizeByUpdateNorm,
-    ScaleByParamBlockNorm as ScaleByParamBlockNorm,
-    ScaleByParamBlockRms as ScaleByParamBlockRms,
-    adaptive_grad_clip as adaptive_grad_clip,
-    clip_by_block_rms as clip_by_block_rms,
-    normalize_by_update_norm as normalize_by_update_norm,
-    scale_by_param_block_norm as scale_by_param_block_norm,
-    scale_by_param_block_rms as scale_by_param_block_rms,
-)
-from ._transform.factored import (
-    ScaleByFactoredRms as ScaleByFactoredRms,
-    ScaleByFactoredRmsState as ScaleByFactoredRmsState,
-    adafactor as adafactor,
-    scale_by_factored_rms as scale_by_factored_rms,
-)
-from ._transform.trust_ratio import (
-    ScaleByTrustRatio as ScaleByTrustRatio,
-    fromage as fromage,
-    lamb as lamb,
-    lars as lars,
-    scale_by_trust_ratio as scale_by_trust_ratio,
-)
-
-# isort: split
-# Adaptive and game optimisers: AdaBelief, Adadelta, Adan, NovoGrad, RAdam,
-# Rprop, SM3, Yogi, optimistic methods, Polyak's step, DoG.
-from ._transform.adadelta import (
-    ScaleByAdadelta as ScaleByAdadelta,
-    ScaleByAdadeltaState as ScaleByAdadeltaState,
-    adadelta as adadelta,
-    scale_by_adadelta as scale_by_adadelta,
-)
-from ._transform.adan import (
-    ScaleByAdan as ScaleByAdan,
-    ScaleByAdanState as ScaleByAdanState,
-    adan as adan,
-    scale_by_adan as scale_by_adan,
-)
-from ._transform.belief import (
-    ScaleByBelief as ScaleByBelief,
-    ScaleByBeliefState as ScaleByBeliefState,
-    adabelief as adabelief,
-    scale_by_belief as scale_by_belief,
-)
-from ._transform.dog import (
-    ScaleByDistanceOverGradients as ScaleByDistanceOverGradients,
-    ScaleByDistanceOverGradientsState as ScaleByDistanceOverGradientsState,
-    scale_by_distance_over_gradients as scale_by_distance_over_gradients,
-)
-from ._transform.novograd import (
-    ScaleByNovograd as ScaleByNovograd,
-    ScaleByNovogradState as ScaleByNovogradState,
-    novograd as novograd,
-    scale_by_novograd as scale_by_novograd,
-)
-from ._transform.optimistic import (
-    ScaleByOptimisticGradient as ScaleByOptimisticGradient,
-    ScaleByOptimisticGradientState as ScaleByOptimisticGradientState,
-    optimistic_adam as optimistic_adam,
-    optimistic_adam_v2 as optimistic_adam_v2,
-    optimistic_gradient_descent as optimistic_gradient_descent,
-    scale_by_optimistic_gradient as scale_by_optimistic_gradient,
-)
-from ._transform.polyak import (
-    ScaleByPolyak as ScaleByPolyak,
-    polyak_sgd as polyak_sgd,
-    scale_by_polyak as scale_by_polyak,
-)
-from ._transform.radam import (
-    ScaleByRadam as ScaleByRadam,
-    radam as radam,
-    scale_by_radam as scale_by_radam,
-)
-from ._transform.rprop import (
-    ScaleByRprop as ScaleByRprop,
-    ScaleByRpropState as ScaleByRpropState,
-    rprop as rprop,
-    scale_by_rprop as scale_by_rprop,
-)
-from ._transform.sm3 import (
-    ScaleBySM3 as ScaleBySM3,
-    ScaleBySM3State as ScaleBySM3State,
-    scale_by_sm3 as scale_by_sm3,
-    sm3 as sm3,
-)
-from ._transform.yogi import (
-    ScaleByYogi as ScaleByYogi,
-    scale_by_yogi as scale_by_yogi,
-    yogi as yogi,
-)
-
-try:
-    __version__ = importlib.metadata.version("eqopt")
-except importlib.metadata.PackageNotFoundError:  # running from a checkout
-    __version__ = "0.1.0"
+    return sorted(set(globals()) | set(_table()))

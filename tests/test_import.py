@@ -68,7 +68,49 @@ def test_lazy_namespaces_are_checked_however_imported():
                 call()
             except TypeError as error:
                 print(type(error).__name__)
-        print(sorted(eqopt._LAZY_NAMESPACES - set(dir(eqopt))))
+        lazy = {"assignment", "contrib", "losses", "microbatching", "perturbations"}
+        print(sorted(lazy - set(dir(eqopt))))
         """
     )
     assert out.splitlines() == ["ArgumentTypeError"] * 3 + ["[]"]
+
+
+def test_every_public_name_loads_on_first_use():
+    """`import eqopt` imports none of its families; a name loads what it needs, once."""
+    out = _run(
+        """
+        import sys
+        import eqopt
+
+        def loaded():
+            return {m for m in sys.modules if m.startswith("eqopt.")}
+
+        print(sorted(loaded()))
+        adam = eqopt.adam
+        print("eqopt._alias" in loaded(), "eqopt.contrib" in loaded())
+        print(eqopt.adam is adam is eqopt._alias.adam, "adam" in vars(eqopt))
+        print(eqopt.tree_map_params is eqopt.tree.map_params)
+        namespace = {}
+        exec("from eqopt import *", namespace)
+        print(namespace["lion"] is eqopt.lion, "ScaleByAdamState" in eqopt.__all__)
+        print(isinstance(eqopt.__version__, str))
+        try:
+            eqopt.no_such_name
+        except AttributeError as error:
+            print(error)
+        """
+    )
+    lines = out.splitlines()
+    assert lines[0] == "['eqopt._hook', 'eqopt._typecheck']"
+    assert lines[1:5] == ["True False", "True True", "True", "True True"]
+    assert lines[5] == "True"
+    assert lines[6] == "module 'eqopt' has no attribute 'no_such_name'"
+
+
+def test_every_name_in_the_table_exists():
+    import eqopt
+
+    names = eqopt.__all__
+    assert len(names) > 300
+    missing = [name for name in names if not hasattr(eqopt, name)]
+    assert missing == []
