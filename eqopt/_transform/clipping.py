@@ -92,12 +92,16 @@ class ClipByGlobalNorm(AbstractGradientTransformation):
         **extra_args: Any,
     ) -> tuple[Updates, EmptyState]:
         norm = global_norm(updates)
-        within = norm < self.max_norm
-        max_norm = self.max_norm
+        # One scalar factor, 1 when within the bound. A product by a scalar costs
+        # nothing for XLA to recompute in each consumer, so the clipped gradient
+        # never exists as a parameter-sized buffer (dividing every element by the
+        # norm did: XLA keeps divisions, and materialised it). The result equals
+        # Optax's `g / norm * max_norm` to a rounding.
+        factor = jnp.where(norm < self.max_norm, 1.0, self.max_norm / norm)
 
         @no_type_check
         def rescale(g):
-            return jnp.where(within, g, (g / norm.astype(g.dtype)) * max_norm)
+            return g * factor.astype(g.dtype)
 
         return leafwise(rescale, updates), state
 
