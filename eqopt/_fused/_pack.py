@@ -1,5 +1,6 @@
 """Packed parameters: a model's trainable arrays kept in one flat buffer per dtype."""
 
+import weakref
 from collections.abc import Hashable
 from typing import Any, NamedTuple, no_type_check
 
@@ -23,13 +24,79 @@ class _Slot(NamedTuple):
     shape: tuple[int, ...]
 
 
-class _Layout(NamedTuple):
-    slots: tuple[_Slot, ...]
-    # One (dtype, size, sharding key) per buffer.
-    buffers: tuple[tuple[str, int, Hashable], ...]
+class _Static:
+    # Static metadata of a `Packed` (part of its treedef): `jit` hashes and
+    # compares it on every call, so the hash is computed once and equal objects
+    # are one object (interned), which makes the comparison an identity test.
+    # A tuple of 2000 slots or a treedef of 2000 nodes would cost hundreds of
+    # microseconds a call otherwise.
+    __slots__ = ("__weakref__", "_hash", "_key")
+    _interned: "weakref.WeakValueDictionary[Any, _Static]"
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls._interned = weakref.WeakValueDictionary()
+
+    @classmethod
+    def make(cls, *key: Any):
+        found = cls._interned.get(key)
+        if found is None:
+            found = cls._interned[key] = cls.__new__(cls)
+            found._key = key
+            found._hash = hash(key)
+        return found
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (
+            type(other) is type(self)
+            and self._hash == other._hash  # pyright: ignore[reportAttributeAccessIssue]
+            and self._key == other._key  # pyright: ignore[reportAttributeAccessIssue]
+        )
+
+    def __reduce__(self):
+        return (type(self).make, self._key)
+
+
+class _Layout(_Static):
+    __slots__ = ()
+
+    @property
+    def slots(self) -> tuple[_Slot, ...]:
+        return self._key[0]
+
+    @property
+    def buffers(self) -> tuple[tuple[str, int, Hashable], ...]:
+        # One (dtype, size, sharding key) per buffer.
+        return self._key[1]
 
     def sizes(self) -> tuple[int, ...]:
         return tuple(size for _, size, _ in self.buffers)
+
+
+class _Rest(_Static):
+    # The model's treedef (with `None` counted as a leaf) and the positions of
+    # the leaves a `Packed` keeps in `rest_leaves`: the ones that are not
+    # trainable (functions, ints, integer arrays, `None`; `None` everywhere in a
+    # gradient). Models have few of them, so a `Packed` flattens to its buffers
+    # and a handful of leaves, whatever the number of trainable arrays.
+    __slots__ = ()
+
+    @property
+    def treedef(self) -> Any:
+        return self._key[0]
+
+    @property
+    def kept(self) -> tuple[int, ...]:
+        return self._key[1]
+
+    def leaves(self, rest_leaves: tuple) -> list:
+        leaves: list = [None] * self.treedef.num_leaves
+        for index, leaf in zip(self.kept, rest_leaves, strict=True):
+            leaves[index] = leaf
+        return leaves
 
 
 def _sharding_key(x: Any) -> Hashable:
@@ -67,7 +134,7 @@ def _layout_of(leaves: list) -> _Layout:
         (dtype, size, sharding)
         for (dtype, sharding), size in zip(keys, sizes, strict=True)
     )
-    return _Layout(tuple(slots), buffers)
+    return _Layout.make(tuple(slots), buffers)
 
 
 @no_type_check
@@ -98,10 +165,12 @@ class Packed(eqx.Module):
     """A model whose trainable arrays live in one flat buffer per dtype.
 
     Made by [`eqopt.pack`][]. Its fields are the flat `buffers` (one per dtype,
-    and per sharding when leaves are sharded differently), `rest`, the model
-    with every trainable leaf replaced by `None` (so non-array leaves and
-    integer arrays are kept as they are), and a static layout saying where each
-    leaf lives. Call [`eqopt.Packed.unpack`][] inside the jitted step to get the
+    and per sharding when leaves are sharded differently), `rest_leaves`, the
+    model's leaves that are not trainable (non-array leaves and
+    integer arrays, kept as they are; `None` in a gradient), and static
+    metadata saying where each leaf lives. `packed.rest` is the model with
+    every trainable leaf replaced by `None`. Whatever the number of trainable
+    arrays, a `Packed` crosses the `jit` boundary as a few buffers. Call [`eqopt.Packed.unpack`][] inside the jitted step to get the
     model back: the slices are free in XLA.
 
     A `Packed` is a pytree like any Module, so it goes straight into every eqopt
@@ -133,8 +202,32 @@ class Packed(eqx.Module):
     """
 
     buffers: tuple[Inexact[Array, " _"] | None, ...]
-    rest: PyTree[Any]
+    rest_leaves: tuple[Any, ...]
     layout: _Layout = eqx.field(static=True)
+    structure: _Rest = eqx.field(static=True)
+
+    def __init__(
+        self,
+        buffers: tuple[Inexact[Array, " _"] | None, ...],
+        rest: PyTree[Any],
+        layout: _Layout,
+    ):
+        leaves, treedef = jax.tree.flatten(rest, is_leaf=is_none)
+        # Every position that is not a trainable leaf, so that the params, their
+        # gradients and the moments share one structure.
+        trainable = {slot.leaf_index for slot in layout.slots}
+        kept = tuple(i for i in range(len(leaves)) if i not in trainable)
+        self.buffers = buffers
+        self.rest_leaves = tuple(leaves[i] for i in kept)
+        self.layout = layout
+        self.structure = _Rest.make(treedef, kept)
+
+    @property
+    def rest(self) -> PyTree[Any]:
+        """The model with every trainable leaf replaced by `None`."""
+        return jax.tree.unflatten(
+            self.structure.treedef, self.structure.leaves(self.rest_leaves)
+        )
 
     def unpack(self) -> PyTree[Any]:
         """The model, rebuilt from the buffers (reshaped slices) and `rest`.
@@ -142,10 +235,10 @@ class Packed(eqx.Module):
         On a packed gradient or update the trainable leaves are the gradients
         and every other leaf is `None`, as `eqx.filter_grad` would give.
         """
-        leaves, treedef = jax.tree.flatten(self.rest, is_leaf=is_none)
+        leaves = self.structure.leaves(self.rest_leaves)
         for index, value in _split(self.buffers, self.layout).items():
             leaves[index] = value
-        return jax.tree.unflatten(treedef, leaves)
+        return jax.tree.unflatten(self.structure.treedef, leaves)
 
     @staticmethod
     def like(packed: "Packed", tree: PyTree[Any]) -> "Packed":
