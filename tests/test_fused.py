@@ -311,3 +311,41 @@ def test_bucketed_chooses_buckets_only_where_they_pay():
     # Both plans reject updates for other params with the same message.
     with pytest.raises(ValueError, match="made by this transform's `init`"):
         opt.update({"v": jnp.ones(3)}, large_state)
+
+
+def test_packed_crosses_jit_as_its_buffers():
+    """A packed model of many leaves flattens to its buffers (and its few
+    non-trainable leaves), its static metadata is one interned object, and a
+    jitted step takes its own outputs without retracing."""
+    import copy
+    import pickle
+
+    model = {f"w{i}": jnp.full((3, 2), 0.1 * i, jnp.float32) for i in range(100)}
+    model["act"] = jax.nn.relu
+    packed = eqopt.pack(model)
+    grads = eqopt.Packed.like(packed, jax.tree.map(lambda x: x, model))
+    assert len(jax.tree.leaves(packed)) == 2  # the buffer and the function
+    assert len(jax.tree.leaves(grads)) == 1
+    assert jax.tree.structure(grads) == jax.tree.structure(
+        eqopt.Packed.like(packed, model)
+    )
+    assert eqopt.pack(model).structure is packed.structure
+    assert eqopt.pack(model).layout is packed.layout
+    for clone in (copy.deepcopy(packed), pickle.loads(pickle.dumps(packed.layout))):
+        assert (
+            clone.layout if isinstance(clone, eqopt.Packed) else clone
+        ) == packed.layout
+    opt = eqopt.adam(1e-2)
+    traces = []
+
+    @eqx.filter_jit
+    def step(packed, state, grads):
+        traces.append(None)
+        updates, state = opt.update(grads, state, packed)
+        return eqopt.apply_updates(packed, updates), state
+
+    state = opt.init(packed)
+    for _ in range(3):
+        packed, state = step(packed, state, grads)
+    assert len(traces) == 1
+    assert packed.unpack()["act"] is jax.nn.relu

@@ -2,7 +2,7 @@
 
 import weakref
 from collections.abc import Hashable
-from typing import Any, NamedTuple, no_type_check
+from typing import Any, NamedTuple, TypeVar, cast, no_type_check
 
 import equinox as eqx
 import jax
@@ -24,6 +24,9 @@ class _Slot(NamedTuple):
     shape: tuple[int, ...]
 
 
+_S = TypeVar("_S", bound="_Static")
+
+
 class _Static:
     # Static metadata of a `Packed` (part of its treedef): `jit` hashes and
     # compares it on every call, so the hash is computed once and equal objects
@@ -38,13 +41,14 @@ class _Static:
         cls._interned = weakref.WeakValueDictionary()
 
     @classmethod
-    def make(cls, *key: Any):
+    def make(cls: type[_S], *key: Any) -> _S:
         found = cls._interned.get(key)
         if found is None:
-            found = cls._interned[key] = cls.__new__(cls)
+            found = cls.__new__(cls)
             found._key = key
             found._hash = hash(key)
-        return found
+            cls._interned[key] = found
+        return cast(_S, found)
 
     def __hash__(self) -> int:
         return self._hash

@@ -64,6 +64,12 @@ class ClipByGlobalNorm(AbstractGradientTransformation):
     The norm is over all leaves together, so the result does not depend on how
     the parameters are split into leaves (it is elementwise in eqopt's sense).
 
+    Each update is multiplied by the one scalar $\min(1, c / \|u\|)$, where
+    Optax divides every element by the norm and multiplies by $c$: the two
+    agree to a rounding, and a product by a scalar never makes XLA write the
+    clipped gradient to a parameter-sized buffer (a division of every element
+    did), which makes a clipped AdamW step about twice as fast on large leaves.
+
     **Arguments:**
 
     - `max_norm`: $c > 0$.
