@@ -28,12 +28,12 @@ _S = TypeVar("_S", bound="_Static")
 
 
 class _Static:
-    # Static metadata of a `Packed` (part of its treedef): `jit` hashes and
-    # compares it on every call, so the hash is computed once and equal objects
-    # are one object (interned), which makes the comparison an identity test.
-    # A tuple of 2000 slots or a treedef of 2000 nodes would cost hundreds of
-    # microseconds a call otherwise.
-    __slots__ = ("__weakref__", "_hash", "_key")
+    # Static metadata of a `Packed` (part of its treedef), which `jit` hashes and
+    # compares on every call. Equal metadata is one object (interned), so the
+    # default identity hash and equality are right and cost nothing, where a
+    # tuple of 2000 slots or a treedef of 2000 nodes would cost hundreds of
+    # microseconds a call.
+    __slots__ = ("__weakref__", "_key")
     _interned: "weakref.WeakValueDictionary[Any, _Static]"
 
     def __init_subclass__(cls, **kwargs):
@@ -46,19 +46,8 @@ class _Static:
         if found is None:
             found = cls.__new__(cls)
             found._key = key
-            found._hash = hash(key)
             cls._interned[key] = found
         return cast(_S, found)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return self is other or (
-            type(other) is type(self)
-            and self._hash == other._hash  # pyright: ignore[reportAttributeAccessIssue]
-            and self._key == other._key  # pyright: ignore[reportAttributeAccessIssue]
-        )
 
     def __reduce__(self):
         return (type(self).make, self._key)
@@ -170,12 +159,12 @@ class Packed(eqx.Module):
 
     Made by [`eqopt.pack`][]. Its fields are the flat `buffers` (one per dtype,
     and per sharding when leaves are sharded differently), `rest_leaves`, the
-    model's leaves that are not trainable (non-array leaves and
-    integer arrays, kept as they are; `None` in a gradient), and static
-    metadata saying where each leaf lives. `packed.rest` is the model with
-    every trainable leaf replaced by `None`. Whatever the number of trainable
-    arrays, a `Packed` crosses the `jit` boundary as a few buffers. Call [`eqopt.Packed.unpack`][] inside the jitted step to get the
-    model back: the slices are free in XLA.
+    model's leaves that are not trainable (non-array leaves and integer arrays,
+    kept as they are; `None` in a gradient), and static metadata saying where
+    each leaf lives. `packed.rest` is the model with every trainable leaf
+    replaced by `None`. Whatever the number of trainable arrays, a `Packed`
+    crosses the `jit` boundary as a few buffers. Call [`eqopt.Packed.unpack`][]
+    inside the jitted step to get the model back: the slices are free in XLA.
 
     A `Packed` is a pytree like any Module, so it goes straight into every eqopt
     transform: `eqx.filter_grad` of `loss(packed.unpack())` with respect to
