@@ -1,19 +1,24 @@
 """Compile time and step time of eqopt against Optax, interleaved in one process.
 
-For each optimiser case (`adam`, `adamw`, clipped `adamw` on a warmup-cosine
-schedule with weight decay masked to matrices) and each parameter tree (a ~1M
-parameter `eqx.nn.MLP`, a ~25M parameter transformer-shaped dict, and a dict of
-2000 small leaves), this measures
+For each optimiser case (`sgdm`, `adam`, `adamw`, clipped `adamw` on a
+warmup-cosine schedule with weight decay masked to matrices, `lion`, `rmsprop`,
+`adafactor`) and each parameter tree (`mlp`: an `eqx.nn.MLP` of ~1M params in
+8 leaves; `resnet`: ResNet-50-shaped, ~11M in 161 leaves; `transformer`: ~26M in
+148 leaves; `small`: 2000 small leaves; `onebig`: one 33M leaf), this times
+five variants (Optax, Optax again for the noise, eqopt's default path,
+`eqopt.bucketed`, `eqopt.pack`ed params):
 
 - compile time: `jax.jit(step).lower(...)` (tracing, where eqopt's trace-time
-  checks run) plus `.compile()` (XLA), each repetition on a fresh closure
-  after `jax.clear_caches()`;
-- step time: one call of a jitted `update` + `apply_updates` on fixed
+  checks run) plus `.compile()` (XLA), each on a fresh closure after
+  `jax.clear_caches()`;
+- step time: one call of the compiled `update` + `apply_updates` on fixed
   gradients, with the params and state donated, timed with
   `block_until_ready`.
 
-eqopt and Optax repetitions alternate (A B, B A, ...) in one process, and the
-table reports medians and ratios eqopt / Optax (< 1 means eqopt is faster).
+The work runs in rounds: every variant compiles (in an order that is mirrored
+in the next round, see `compile_orders`), then steps are timed on those
+executables, the variants alternating. The table reports medians over all
+rounds and ratios eqopt / Optax (< 1 means eqopt is faster).
 
 Both libraries are jitted the same way, with `jax.jit` on trees of arrays:
 Optax gets `eqx.filter(model, eqx.is_array)`, and eqopt gets the same arrays,
@@ -22,8 +27,8 @@ recombined inside the jitted function with the model's non-array leaves (so
 optimiser's array leaves (its hyperparameters) passed as arguments, as
 `eqx.filter_jit` would pass them.
 
-    python benchmarks/step_bench.py            # default sizes, about 5 minutes on 2 cores
-    python benchmarks/step_bench.py --quick    # smoke run, under a minute
+    python benchmarks/step_bench.py            # default sizes, about 90 minutes on 2 cores
+    python benchmarks/step_bench.py --quick    # smoke run, about a minute
     JAXTYPING_DISABLE=1 python benchmarks/step_bench.py   # eqopt without beartype checks
 """
 
@@ -136,35 +141,47 @@ def make_small(args, key):
 
 
 def make_resnet(args, key):
-    """A dict shaped like a ResNet-18's parameters: convolutions and batch-norm scales."""
+    """A dict shaped like a ResNet-50's parameters, narrowed to ~11M parameters.
+
+    Bottleneck blocks (1x1, 3x3, 1x1 convolutions, each followed by a batch-norm
+    scale and bias) in stages of 3, 4, 6 and 3 blocks, a projection at the start
+    of each stage, a stem and a dense head: 161 leaves, from a 1344x1000 head
+    and 3x3x336x336 convolutions down to 42-element scales.
+    """
     rng = np.random.default_rng(args.seed)
     width = args.resnet_width
-    params = {
-        "stem": {
-            "w": jnp.asarray(rng.standard_normal((7, 7, 3, width), np.float32) * 0.05)
+
+    def conv(k, c_in, c_out):
+        return jnp.asarray(
+            rng.standard_normal((k, k, c_in, c_out), np.float32)
+            / math.sqrt(k * k * c_in)
+        )
+
+    def norm(c):
+        return {
+            "scale": jnp.ones((c,), jnp.float32),
+            "bias": jnp.zeros((c,), jnp.float32),
         }
-    }
+
+    params = {"stem": {"w": conv(7, 3, width), "bn": norm(width)}}
     channels = width
-    for stage in range(4):
-        out = width * 2**stage
-        for block in range(2):
-            prefix = f"s{stage}b{block}"
-            c_in = channels if block == 0 else out
-            layer = {}
-            for i, (a, b) in enumerate(((c_in, out), (out, out))):
-                layer[f"conv{i}"] = jnp.asarray(
-                    rng.standard_normal((3, 3, a, b), np.float32) / math.sqrt(9 * a)
-                )
-                layer[f"bn{i}_scale"] = jnp.ones((b,), jnp.float32)
-                layer[f"bn{i}_bias"] = jnp.zeros((b,), jnp.float32)
-            if c_in != out:
-                layer["proj"] = jnp.asarray(
-                    rng.standard_normal((1, 1, c_in, out), np.float32) / math.sqrt(c_in)
-                )
-                layer["proj_scale"] = jnp.ones((out,), jnp.float32)
-                layer["proj_bias"] = jnp.zeros((out,), jnp.float32)
-            params[prefix] = layer
-        channels = out
+    for stage, n_blocks in enumerate((3, 4, 6, 3)):
+        mid = width * 2**stage
+        out = 4 * mid
+        for block in range(n_blocks):
+            layer = {
+                "conv1": conv(1, channels, mid),
+                "bn1": norm(mid),
+                "conv2": conv(3, mid, mid),
+                "bn2": norm(mid),
+                "conv3": conv(1, mid, out),
+                "bn3": norm(out),
+            }
+            if block == 0:
+                layer["proj"] = conv(1, channels, out)
+                layer["proj_bn"] = norm(out)
+            params[f"s{stage}b{block}"] = layer
+            channels = out
     params["head"] = {
         "w": jnp.asarray(rng.standard_normal((channels, 1000), np.float32) * 0.01),
         "b": jnp.zeros((1000,), jnp.float32),
@@ -350,6 +367,22 @@ def orders(rep):
     return order if rep % 2 == 0 else order[::-1]
 
 
+def compile_orders(round_):
+    """The order the variants compile in: rounds come in pairs, the second the mirror
+    of the first, so that over a pair every variant's positions add up the same.
+
+    The order matters for the step timings, not only the compile timings: an
+    executable compiled later in the process runs slower. On the 1000-leaf tree,
+    three identical Optax Adam steps compiled one after the other ran at 18.7,
+    19.9 and 22.4 ms (medians of 21 interleaved repetitions), and recompiling the
+    first moved it to last place. Steps are therefore timed after every round,
+    each variant's samples pooled over the rounds.
+    """
+    k = (round_ // 2) % len(LIBRARIES)
+    order = LIBRARIES[k:] + LIBRARIES[:k]
+    return order if round_ % 2 == 0 else order[::-1]
+
+
 def make_grads(model, seed):
     """Fixed gradients: `None` at non-array leaves, as `eqx.filter_grad` gives them."""
     rng = np.random.default_rng(seed + 1)
@@ -406,48 +439,63 @@ def bench_one(case, tree_name, model, grads, args, log):
         for lib in LIBRARIES
     }
 
-    # Compile time: fresh closures, caches cleared, variants alternating.
+    # Rounds: compile every variant (fresh closures, caches cleared, in the order of
+    # `compile_orders`), then time steps on those executables. Rounds come in
+    # mirrored pairs: `compile_reps` rounded up to even, and two rounds when only
+    # steps are timed (`compile_reps` 0: the compile times are not kept).
     compile_reps = (
         args.compile_reps if tree_name != "small" else args.small_compile_reps
     )
-    for rep in range(compile_reps):
-        for lib in orders(rep):
+    rounds = 2 * math.ceil(max(compile_reps, 1 if args.step_reps else 0) / 2)
+    step_reps_per_round = math.ceil(args.step_reps / rounds) if rounds else 0
+    differences = None
+    inner = None
+    step_rep = 0
+    for round_ in range(rounds):
+        for lib in compile_orders(round_):
             trace, xla = runners[lib].time_compile()
-            for i, clock in enumerate(("wall", "cpu")):
-                samples[lib]["trace"][clock].append(trace[i])
-                samples[lib]["xla"][clock].append(xla[i])
-                samples[lib]["compile"][clock].append(trace[i] + xla[i])
+            if compile_reps:
+                for i, clock in enumerate(("wall", "cpu")):
+                    samples[lib]["trace"][clock].append(trace[i])
+                    samples[lib]["xla"][clock].append(xla[i])
+                    samples[lib]["compile"][clock].append(trace[i] + xla[i])
+        if not step_reps_per_round:
+            continue
 
-    # Same computation? One step from identical params.
-    for runner in runners.values():
-        runner.run(1)
-    differences = {
-        lib: max_relative_difference(
-            trainable_params(runners[lib]), trainable_params(runners["optax"])
-        )
-        for lib in LIBRARIES
-    }
-    for lib, difference in differences.items():
-        if difference > 1e-4:
-            log(
-                f"  WARNING: {lib} and Optax differ after one step (max rel diff {difference:.2e})"
-            )
+        if differences is None:
+            # Same computation? One step from identical params.
+            for runner in runners.values():
+                runner.run(1)
+            differences = {
+                lib: max_relative_difference(
+                    trainable_params(runners[lib]), trainable_params(runners["optax"])
+                )
+                for lib in LIBRARIES
+            }
+            for lib, difference in differences.items():
+                if difference > 1e-4:
+                    log(
+                        f"  WARNING: {lib} and Optax differ after one step"
+                        f" (max rel diff {difference:.2e})"
+                    )
 
-    # Step time: warm up, calibrate the steps per repetition, variants alternating.
-    for runner in runners.values():
-        runner.run(args.warmup)
-    one = statistics.median(runners["optax"].run(1)[0] for _ in range(3))
-    inner = max(1, math.ceil(args.rep_seconds / max(one, 1e-9)))
-    gc.collect()
-    gc.disable()  # no collection pauses inside a timed repetition
-    try:
-        for rep in range(args.step_reps):
-            for lib in orders(rep):
-                wall, cpu = runners[lib].run(inner)
-                samples[lib]["step"]["wall"].append(wall)
-                samples[lib]["step"]["cpu"].append(cpu)
-    finally:
-        gc.enable()
+        # Step time: warm up, calibrate the steps per repetition once, variants alternating.
+        for runner in runners.values():
+            runner.run(args.warmup)
+        if inner is None:
+            one = statistics.median(runners["optax"].run(1)[0] for _ in range(3))
+            inner = max(1, math.ceil(args.rep_seconds / max(one, 1e-9)))
+        gc.collect()
+        gc.disable()  # no collection pauses inside a timed repetition
+        try:
+            for _ in range(step_reps_per_round):
+                for lib in orders(step_rep):
+                    wall, cpu = runners[lib].run(inner)
+                    samples[lib]["step"]["wall"].append(wall)
+                    samples[lib]["step"]["cpu"].append(cpu)
+                step_rep += 1
+        finally:
+            gc.enable()
 
     median_ms = {
         lib: {
@@ -605,9 +653,9 @@ QUICK = {
     "small_leaves": 100,
     "resnet_width": 8,
     "onebig_size": 1_000_000,
-    "compile_reps": 1,
-    "small_compile_reps": 1,
-    "step_reps": 7,
+    "compile_reps": 2,
+    "small_compile_reps": 2,
+    "step_reps": 8,
     "rep_seconds": 0.01,
     "warmup": 2,
 }
@@ -636,21 +684,24 @@ def parse_args(argv=None):
     parser.add_argument(
         "--compile-reps",
         type=int,
-        default=3,
-        help="compile repetitions per library (0: skip compile timing)",
+        default=4,
+        help="compile rounds (each compiles every variant; rounded up to an even"
+        " number, so that the compile orders come in mirrored pairs; 0: two rounds,"
+        " compile times not kept)",
     )
     parser.add_argument(
         "--small-compile-reps",
         type=int,
-        default=1,
-        help="compile repetitions per library for the many-leaf tree (each takes"
-        " 15-60 s of XLA time on 2 cores)",
+        default=2,
+        help="compile rounds for the many-leaf tree (each compile takes 5-70 s on"
+        " 2 cores)",
     )
     parser.add_argument(
         "--step-reps",
         type=int,
         default=21,
-        help="step-time repetitions per library (0: skip step timing)",
+        help="step-time repetitions per library, spread over the compile rounds"
+        " (0: skip step timing)",
     )
     parser.add_argument(
         "--rep-seconds",
@@ -665,17 +716,17 @@ def parse_args(argv=None):
     parser.add_argument("--mlp-width", type=int, default=512)
     parser.add_argument("--mlp-depth", type=int, default=3)
     parser.add_argument(
-        "--tf-width", type=int, default=512, help="model width d (MLP width is 4d)"
+        "--tf-width", type=int, default=384, help="model width d (MLP width is 4d)"
     )
-    parser.add_argument("--tf-blocks", type=int, default=6)
+    parser.add_argument("--tf-blocks", type=int, default=12)
     parser.add_argument("--tf-vocab", type=int, default=12_000)
     parser.add_argument("--tf-context", type=int, default=512)
     parser.add_argument("--small-leaves", type=int, default=2000)
     parser.add_argument(
         "--resnet-width",
         type=int,
-        default=64,
-        help="ResNet-18 stem width (64: ~11M params)",
+        default=42,
+        help="ResNet-50 stem width (42: ~11M params; 64 is the real ResNet-50, ~25M)",
     )
     parser.add_argument("--onebig-size", type=int, default=33_000_000)
     parser.add_argument("--seed", type=int, default=0)
