@@ -17,8 +17,9 @@ five variants (Optax, Optax again for the noise, eqopt's default path,
 
 The work runs in rounds: every variant compiles (in an order that is mirrored
 in the next round, see `compile_orders`), then steps are timed on those
-executables, the variants alternating. The table reports medians over all
-rounds and ratios eqopt / Optax (< 1 means eqopt is faster).
+executables, the variants alternating. The table reports, for each variant,
+the geometric mean over the rounds of its ratio to Optax's median in the same
+round (< 1 means faster than Optax).
 
 Both libraries are jitted the same way, with `jax.jit` on trees of arrays:
 Optax gets `eqx.filter(model, eqx.is_array)`, and eqopt gets the same arrays,
@@ -28,7 +29,7 @@ optimiser's array leaves (its hyperparameters) passed as arguments, as
 `eqx.filter_jit` would pass them.
 
     python benchmarks/step_bench.py            # default sizes, about 90 minutes on 2 cores
-    python benchmarks/step_bench.py --quick    # smoke run, about a minute
+    python benchmarks/step_bench.py --quick    # smoke run, about 7 minutes on 2 cores
     JAXTYPING_DISABLE=1 python benchmarks/step_bench.py   # eqopt without beartype checks
 """
 
@@ -497,16 +498,6 @@ def bench_one(case, tree_name, model, grads, args, log):
         finally:
             gc.enable()
 
-    median_ms = {
-        lib: {
-            m: {
-                c: 1e3 * statistics.median(v) if v else math.nan
-                for c, v in by_clock.items()
-            }
-            for m, by_clock in samples[lib].items()
-        }
-        for lib in LIBRARIES
-    }
     result = {
         "case": case,
         "tree": tree_name,
@@ -514,30 +505,74 @@ def bench_one(case, tree_name, model, grads, args, log):
         "params": int(n_params),
         "one_step_max_rel_diff": differences,
         "steps_per_rep": inner,
+        "rounds": rounds,
+        "step_reps_per_round": step_reps_per_round,
         "samples_s": samples,
-        "median_ms": median_ms,
-        # Ratios of the medians, each variant / Optax.
-        "ratio": {
-            lib: {
-                m: {
-                    c: median_ms[lib][m][c] / median_ms["optax"][m][c]
-                    for c in ("wall", "cpu")
-                }
-                for m in ("trace", "xla", "compile", "step")
-            }
-            for lib in LIBRARIES
-        },
     }
     if tree_name == "onebig":
         bandwidth = streaming_bandwidth(int(n_params))
-        floor_ms = 1e3 * BYTES_PER_PARAM[case] * n_params / bandwidth
         result["bandwidth_GBps"] = bandwidth / 1e9
-        result["roofline"] = {
-            lib: median_ms[lib]["step"]["wall"] / floor_ms for lib in LIBRARIES
-        }
+    summarise(result)
     del runners, params
     jax.clear_caches()
     gc.collect()
+    return result
+
+
+def geometric_mean(xs):
+    xs = [x for x in xs if x > 0 and math.isfinite(x)]
+    return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else math.nan
+
+
+def summarise(result):
+    """Adds `median_ms`, `ratio` (and `roofline` for the one-big tree) to a result.
+
+    Every number is taken round by round and then combined with a geometric
+    mean: a variant's time is the mean of its per-round medians, and its ratio
+    the mean of its per-round ratios to Optax. Steps run slower in later rounds
+    (every compile makes the process's later executables slower), so pooling the
+    samples of all rounds would give a two-humped sample whose median jumps
+    between the humps.
+    """
+    samples = result["samples_s"]
+    rounds = result.get("rounds") or 1
+    per_round = {
+        "step": result.get("step_reps_per_round")
+        or max(1, len(samples["optax"]["step"]["wall"]) // rounds)
+    }
+
+    def chunks(values, metric):
+        size = per_round.get(metric, 1)
+        return [values[i : i + size] for i in range(0, len(values), size)]
+
+    median_ms = {}
+    ratio = {}
+    for lib in LIBRARIES:
+        median_ms[lib], ratio[lib] = {}, {}
+        for metric, by_clock in samples[lib].items():
+            median_ms[lib][metric], ratio[lib][metric] = {}, {}
+            for clock, values in by_clock.items():
+                mine = [statistics.median(c) for c in chunks(values, metric)]
+                base = [
+                    statistics.median(c)
+                    for c in chunks(samples["optax"][metric][clock], metric)
+                ]
+                median_ms[lib][metric][clock] = 1e3 * geometric_mean(mine)
+                ratio[lib][metric][clock] = geometric_mean(
+                    [a / b for a, b in zip(mine, base, strict=True)]
+                )
+    result["median_ms"] = median_ms
+    result["ratio"] = ratio
+    if "bandwidth_GBps" in result:
+        floor_ms = (
+            1e3
+            * BYTES_PER_PARAM[result["case"]]
+            * result["params"]
+            / (result["bandwidth_GBps"] * 1e9)
+        )
+        result["roofline"] = {
+            lib: median_ms[lib]["step"]["wall"] / floor_ms for lib in LIBRARIES
+        }
     return result
 
 
@@ -669,7 +704,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="small trees and few repetitions: a sub-minute smoke run",
+        help="small trees and few repetitions: a smoke run of about 7 minutes on 2 cores",
     )
     parser.add_argument(
         "--cases",
@@ -731,6 +766,12 @@ def parse_args(argv=None):
     parser.add_argument("--onebig-size", type=int, default=33_000_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="also write every measurement to this file")
+    parser.add_argument(
+        "--table-from",
+        nargs="+",
+        metavar="JSON",
+        help="measure nothing: print the table of results saved with --json",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         # Smaller trees and fewer repetitions, except where given on the command line.
@@ -750,6 +791,29 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.table_from:
+        results = []
+        for path in args.table_from:
+            with open(path) as f:
+                saved = json.load(f)
+            for result in saved["results"]:
+                if "rounds" not in result:
+                    # Saved before the rounds were recorded: recover them from the args.
+                    a = saved["args"]
+                    reps = (
+                        a["compile_reps"]
+                        if result["tree"] != "small"
+                        else a["small_compile_reps"]
+                    )
+                    result["rounds"] = 2 * math.ceil(
+                        max(reps, 1 if a["step_reps"] else 0) / 2
+                    )
+                    result["step_reps_per_round"] = math.ceil(
+                        a["step_reps"] / result["rounds"]
+                    )
+                results.append(summarise(result))
+        print(table(results))
+        return
 
     def log(message):
         print(message, file=sys.stderr, flush=True)
