@@ -2,7 +2,7 @@
 
 Runs in a subprocess with 8 simulated CPU devices (the device count is fixed
 when JAX starts), over every registry entry, on a mesh with automatic axes (on
-the per-leaf and the packed path) and on one with explicit axes
+the per-leaf, the packed and the bucketed path) and on one with explicit axes
 (`jax.sharding.AxisType.Explicit`, the default of `jax.make_mesh`), where JAX
 refuses operations whose output sharding is ambiguous.
 """
@@ -45,7 +45,7 @@ SCRIPT = textwrap.dedent(
     assert REPRESENTATIVE <= {{case.name for case in ALL_CASES}}
 
     failures = []
-    checked = {{"auto": 0, "packed": 0, "explicit": 0, "compared": 0}}
+    checked = {{"auto": 0, "packed": 0, "bucketed": 0, "explicit": 0, "compared": 0}}
 
     def shard(tree, sharding):
         return eqx.tree_at(lambda m: m.w, tree, jax.device_put(tree.w, sharding))
@@ -97,6 +97,15 @@ SCRIPT = textwrap.dedent(
         if representative and reference is not None:
             extra = {{}} if case.extra_args is None else case.extra_args(model, grads)
             compare(f"auto {{case.name}}", tx.update(grads, state, model, **extra)[0], reference)
+        if representative:
+            # Bucketed: the params stay as they are; the state's buffers are
+            # grouped by sharding as packed params are.
+            bucketed = eqopt.bucketed(tx, always=True)
+            bucketed_state = bucketed.init(model)
+            check_state("bucketed", f"bucketed {{case.name}}", bucketed_state, sharded.sharding, (12,))
+            if reference is not None:
+                updates, _ = bucketed.update(grads, bucketed_state, model, **extra)
+                compare(f"auto bucketed {{case.name}}", eqx.filter(updates, eqx.is_inexact_array), reference)
 
         # Explicit axes: gradients come sharded like the params (as from
         # `jax.grad`); the update and the state keep that sharding, and the
@@ -130,8 +139,19 @@ SCRIPT = textwrap.dedent(
                 if reference is not None:
                     unpacked = eqx.filter(updates.unpack(), eqx.is_inexact_array)
                     compare(f"explicit packed {{case.name}}", unpacked, reference)
+                bucketed = eqopt.bucketed(tx, always=True)
+                try:
+                    updates, state = bucketed.update(sharded_grads, bucketed.init(model), model, **extra)
+                except Exception as error:
+                    failures.append(f"explicit bucketed {{case.name}}: {{type(error).__name__}}: {{error}}")
+                    continue
+                check_state("bucketed", f"explicit bucketed {{case.name}}", state, sharding, (12,))
+                check_state("bucketed", f"explicit bucketed {{case.name}} updates", updates, row)
+                if reference is not None:
+                    compare(f"explicit bucketed {{case.name}}", eqx.filter(updates, eqx.is_inexact_array), reference)
     print("checked", checked, "in", round(time.perf_counter() - start), "s")
     assert checked["auto"] > 300 and checked["packed"] > 300, checked
+    assert checked["bucketed"] > 40, checked
     assert checked["explicit"] > 900 and checked["compared"] > 250, checked
     assert not failures, "\\n".join(failures)
     print("ok")
