@@ -129,8 +129,12 @@ class ScaleByAdam(AbstractGradientTransformation):
         @no_type_check
         def step(g, mu, nu):
             mu_dtype, nu_dtype = mu.dtype, nu.dtype
-            mu = one_minus_b1 * g + b1 * mu
-            nu = one_minus_b2 * abs_squared(g) + b2 * nu
+            # Operands in this order (state term first, `eps +`) make every leaf
+            # of one shape compile to the same kernel when the hyperparameters
+            # are inputs of the program (benchmarks/kernel_count.py); the other
+            # order gave the first leaf of each shape a kernel of its own.
+            mu = b1 * mu + one_minus_b1 * g
+            nu = b2 * nu + one_minus_b2 * abs_squared(g)
             if self.nesterov:
                 mu_hat = b1 * debias(mu, next_correction1) + debias(
                     one_minus_b1 * g, correction1
@@ -138,7 +142,7 @@ class ScaleByAdam(AbstractGradientTransformation):
             else:
                 mu_hat = debias(mu, correction1)
             nu_hat = debias(nu, correction2)
-            update = mu_hat / (jnp.sqrt(nu_hat + eps_root) + eps)
+            update = mu_hat / (eps + jnp.sqrt(eps_root + nu_hat))
             return (
                 update,
                 _cast(mu, self.mu_dtype or mu_dtype),
@@ -238,12 +242,12 @@ class ScaleByAmsgrad(AbstractGradientTransformation):
         @no_type_check
         def step(g, mu, nu, nu_max):
             mu_dtype = mu.dtype
-            mu = one_minus_b1 * g + b1 * mu
-            nu = one_minus_b2 * abs_squared(g) + b2 * nu
+            mu = b1 * mu + one_minus_b1 * g
+            nu = b2 * nu + one_minus_b2 * abs_squared(g)
             mu_hat = debias(mu, correction1) if self.bias_correction_mu else mu
             nu_hat = debias(nu, correction2) if self.bias_correction_nu else nu
             nu_max = jnp.maximum(nu_max, nu_hat)
-            update = mu_hat / (jnp.sqrt(nu_max + eps_root) + eps)
+            update = mu_hat / (eps + jnp.sqrt(eps_root + nu_max))
             return update, _cast(mu, self.mu_dtype or mu_dtype), nu, nu_max
 
         updates, mu, nu, nu_max = leafwise(
@@ -332,8 +336,8 @@ class ScaleByAdamax(AbstractGradientTransformation):
 
         @no_type_check
         def step(g, mu, nu):
-            mu = one_minus_b1 * g + b1 * mu
-            nu = jnp.maximum(jnp.abs(g) + eps, b2 * nu)
+            mu = b1 * mu + one_minus_b1 * g
+            nu = jnp.maximum(eps + jnp.abs(g), b2 * nu)
             return debias(mu, correction1) / nu, mu, nu
 
         updates, mu, nu = leafwise(step, updates, state.mu, state.nu, n_out=3)

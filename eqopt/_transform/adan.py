@@ -126,7 +126,7 @@ class ScaleByAdan(AbstractGradientTransformation):
             m_hat, v_hat, n_hat = (
                 debias(x, c) for x, c in zip((m, v, n), corrections, strict=True)
             )
-            update = (m_hat + b2 * v_hat) / (jnp.sqrt(n_hat + eps_root) + eps)
+            update = (m_hat + b2 * v_hat) / (eps + jnp.sqrt(eps_root + n_hat))
             return update, m, v, n, g
 
         updates, m, v, n, g = leafwise(

@@ -105,7 +105,7 @@ class ScaleByBelief(AbstractGradientTransformation):
 
         @no_type_check
         def step(g, mu, nu):
-            mu = one_minus_b1 * g + b1 * mu
+            mu = b1 * mu + one_minus_b1 * g
             nu = one_minus_b2 * abs_squared(g - mu) + b2 * nu + eps_root
             if self.nesterov:
                 mu_hat = b1 * debias(mu, next_correction1) + debias(
@@ -113,7 +113,7 @@ class ScaleByBelief(AbstractGradientTransformation):
                 )
             else:
                 mu_hat = debias(mu, correction1)
-            return mu_hat / (jnp.sqrt(debias(nu, correction2)) + eps), mu, nu
+            return mu_hat / (eps + jnp.sqrt(debias(nu, correction2))), mu, nu
 
         updates, mu, nu = leafwise(step, updates, state.mu, state.nu, n_out=3)
         return updates, ScaleByBeliefState(count=count, mu=mu, nu=nu)

@@ -107,7 +107,7 @@ class ClipByGlobalNorm(AbstractGradientTransformation):
 
         @no_type_check
         def rescale(g):
-            return g * factor.astype(g.dtype)
+            return factor.astype(g.dtype) * g
 
         return leafwise(rescale, updates), state
 

@@ -82,7 +82,7 @@ class AddDecayedWeights(AbstractGradientTransformation):
         if params is None:  # nothing to decay (an empty group of a partition)
             return updates, state
         if self.mask is None:
-            return leafwise(lambda g, p: g + weight_decay * p, updates, params), state
+            return leafwise(lambda g, p: weight_decay * p + g, updates, params), state
         if isinstance(params, Packed) and isinstance(updates, Packed):
             return cast(
                 Any, _decay_packed(self.mask, weight_decay, updates, params)
@@ -95,7 +95,7 @@ class AddDecayedWeights(AbstractGradientTransformation):
             return repack_like(reference, new[0]), new[1]
         mask = select_trainable(self.mask, params, what="weight-decay mask")
         return leafwise(
-            lambda g, p, selected: g + weight_decay * p if selected else g,
+            lambda g, p, selected: weight_decay * p + g if selected else g,
             updates,
             params,
             mask,

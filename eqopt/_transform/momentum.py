@@ -134,7 +134,7 @@ class Ema(AbstractGradientTransformation):
 
         @no_type_check
         def step(g, e):
-            new = one_minus_decay * g + decay * e
+            new = decay * e + one_minus_decay * g
             update = debias(new, correction) if self.debias else new
             return update, new.astype(e.dtype)
 

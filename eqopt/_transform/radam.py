@@ -124,8 +124,8 @@ class ScaleByRadam(AbstractGradientTransformation):
 
         @no_type_check
         def step(g, mu, nu):
-            mu = one_minus_b1 * g + b1 * mu
-            nu = one_minus_b2 * abs_squared(g) + b2 * nu
+            mu = b1 * mu + one_minus_b1 * g
+            nu = b2 * nu + one_minus_b2 * abs_squared(g)
             if self.nesterov:
                 mu_hat = b1 * debias(mu, next_correction1) + debias(
                     one_minus_b1 * g, correction1
@@ -133,7 +133,7 @@ class ScaleByRadam(AbstractGradientTransformation):
             else:
                 mu_hat = debias(mu, correction1)
             nu_hat = debias(nu, correction2)
-            adaptive = rectification * mu_hat / (jnp.sqrt(nu_hat + eps_root) + eps)
+            adaptive = rectification * mu_hat / (eps + jnp.sqrt(eps_root + nu_hat))
             return jnp.where(rectified, adaptive, mu_hat), mu, nu
 
         updates, mu, nu = leafwise(step, updates, state.mu, state.nu, n_out=3)

@@ -24,8 +24,8 @@ Moments = Updates
 @no_type_check
 def _inverse_root(x, eps, eps_in_sqrt):
     if eps_in_sqrt:
-        return jax.lax.rsqrt(x + eps)
-    return 1 / (jnp.sqrt(x) + eps)
+        return jax.lax.rsqrt(eps + x)
+    return 1 / (eps + jnp.sqrt(x))
 
 
 def _check_rms_hyperparameters(module: "ScaleByRms | ScaleByStddev") -> None:
@@ -105,7 +105,7 @@ class ScaleByRms(AbstractGradientTransformation):
 
         @no_type_check
         def step(g, nu):
-            new_nu = one_minus_decay * abs_squared(g) + decay * nu
+            new_nu = decay * nu + one_minus_decay * abs_squared(g)
             nu_hat = debias(new_nu, correction) if self.bias_correction else new_nu
             return _inverse_root(nu_hat, eps, self.eps_in_sqrt) * g, new_nu.astype(
                 nu.dtype
@@ -209,8 +209,8 @@ class ScaleByStddev(AbstractGradientTransformation):
 
         @no_type_check
         def step(g, mu, nu):
-            new_mu = one_minus_decay * g + decay * mu
-            new_nu = one_minus_decay * abs_squared(g) + decay * nu
+            new_mu = decay * mu + one_minus_decay * g
+            new_nu = decay * nu + one_minus_decay * abs_squared(g)
             if self.bias_correction:
                 mu_hat, nu_hat = debias(new_mu, correction), debias(new_nu, correction)
             else:

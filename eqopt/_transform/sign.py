@@ -162,8 +162,8 @@ class ScaleByLion(AbstractGradientTransformation):
 
         @no_type_check
         def step(g, mu):
-            update = self._sign(one_minus_b1 * g + b1 * mu).astype(g.dtype)
-            new_mu = one_minus_b2 * g + b2 * mu
+            update = self._sign(b1 * mu + one_minus_b1 * g).astype(g.dtype)
+            new_mu = b2 * mu + one_minus_b2 * g
             return update, new_mu.astype(mu.dtype)
 
         updates, mu = leafwise(step, updates, state.mu, n_out=2)

@@ -104,10 +104,10 @@ class ScaleByYogi(AbstractGradientTransformation):
         @no_type_check
         def step(g, mu, nu):
             squared = abs_squared(g)
-            mu = one_minus_b1 * g + b1 * mu
+            mu = b1 * mu + one_minus_b1 * g
             nu = nu - one_minus_b2 * jnp.sign(nu - squared) * squared
             nu_hat = debias(nu, correction2)
-            update = debias(mu, correction1) / (jnp.sqrt(nu_hat + eps_root) + eps)
+            update = debias(mu, correction1) / (eps + jnp.sqrt(eps_root + nu_hat))
             return update, mu, nu
 
         updates, mu, nu = leafwise(step, updates, state.mu, state.nu, n_out=3)

@@ -286,7 +286,7 @@ class ScaleByMuon(AbstractGradientTransformation):
             if d is None:
                 return g, mu
             mu_dtype = mu.dtype
-            mu = one_minus_beta * g + beta * mu
+            mu = beta * mu + one_minus_beta * g
             if self.nesterov:
                 mu_hat = beta * debias(mu, next_correction) + one_minus_beta * debias(
                     g, correction

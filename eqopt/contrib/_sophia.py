@@ -232,7 +232,7 @@ class ScaleBySophia(AbstractGradientTransformation):
         @no_type_check
         def step(g, mu, nu):
             mu_dtype = mu.dtype
-            mu = one_minus_b1 * g + b1 * mu
+            mu = b1 * mu + one_minus_b1 * g
             update = debias(mu, correction) / jnp.maximum(gamma * nu, eps)
             if self.clip_threshold is not None:
                 update = jnp.clip(update, -self.clip_threshold, self.clip_threshold)
