@@ -28,7 +28,7 @@ recombined inside the jitted function with the model's non-array leaves (so
 optimiser's array leaves (its hyperparameters) passed as arguments, as
 `eqx.filter_jit` would pass them.
 
-    python benchmarks/step_bench.py            # default sizes, about 90 minutes on 2 cores
+    python benchmarks/step_bench.py            # default sizes, about 70 minutes on 2 cores
     python benchmarks/step_bench.py --quick    # smoke run, about 7 minutes on 2 cores
     JAXTYPING_DISABLE=1 python benchmarks/step_bench.py   # eqopt without beartype checks
 """
@@ -844,6 +844,11 @@ def main(argv=None):
                 continue
             log(f"[{time.perf_counter() - start:6.1f}s] {case} on {tree_name}...")
             results.append(bench_one(case, tree_name, model, grads, args, log))
+            if args.json:
+                # Saved after every case, so that a long run cut short keeps
+                # what it measured (`--table-from` prints it).
+                with open(args.json, "w") as f:
+                    json.dump({"args": vars(args), "results": results}, f, indent=1)
         del model, grads
     print(table(results))
     print(
@@ -855,9 +860,6 @@ def main(argv=None):
         "same run)."
     )
     print(f"total {time.perf_counter() - start:.0f} s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":
