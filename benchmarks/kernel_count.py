@@ -60,19 +60,12 @@ def main(argv=None):
     )
     args = parser.parse_args(argv)
     bench_args = step_bench.parse_args([] if args.full_size else ["--quick"])
-    makers = {
-        "mlp": step_bench.make_mlp,
-        "resnet": step_bench.make_resnet,
-        "transformer": step_bench.make_transformer,
-        "small": step_bench.make_small,
-        "onebig": step_bench.make_onebig,
-    }
     print(
         "| case | tree | leaves | kernels | distinct: Optax | eqopt | eqopt closed over |"
     )
     print("|---|---|--:|--:|--:|--:|--:|")
     for tree in args.trees.split(","):
-        model = makers[tree](bench_args, jax.random.key(0))
+        model = step_bench.TREE_MAKERS[tree](bench_args, jax.random.key(0))
         grads = step_bench.make_grads(model, 1)
         leaves = len(jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array)))
         for case in args.cases.split(","):

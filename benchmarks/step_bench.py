@@ -441,14 +441,9 @@ def bench_one(case, tree_name, model, grads, args, log):
     }
 
     # Rounds: compile every variant (fresh closures, caches cleared, in the order of
-    # `compile_orders`), then time steps on those executables. Rounds come in
-    # mirrored pairs: `compile_reps` rounded up to even, and two rounds when only
-    # steps are timed (`compile_reps` 0: the compile times are not kept).
-    compile_reps = (
-        args.compile_reps if tree_name != "small" else args.small_compile_reps
-    )
-    rounds = 2 * math.ceil(max(compile_reps, 1 if args.step_reps else 0) / 2)
-    step_reps_per_round = math.ceil(args.step_reps / rounds) if rounds else 0
+    # `compile_orders`), then time steps on those executables.
+    compile_reps = compile_reps_for(vars(args), tree_name)
+    rounds, step_reps_per_round = round_plan(vars(args), tree_name)
     differences = None
     inner = None
     step_rep = 0
@@ -519,6 +514,23 @@ def bench_one(case, tree_name, model, grads, args, log):
     return result
 
 
+def compile_reps_for(args, tree_name):
+    """The compile repetitions asked for one tree (fewer for the many-leaf one)."""
+    return args["compile_reps"] if tree_name != "small" else args["small_compile_reps"]
+
+
+def round_plan(args, tree_name):
+    """`(rounds, step repetitions per round)` for one tree, from the arguments.
+
+    Rounds come in mirrored pairs: `compile_reps` rounded up to even, and two
+    rounds when only steps are timed (`compile_reps` 0: the compile times are not
+    kept).
+    """
+    compile_reps = compile_reps_for(args, tree_name)
+    rounds = 2 * math.ceil(max(compile_reps, 1 if args["step_reps"] else 0) / 2)
+    return rounds, math.ceil(args["step_reps"] / rounds) if rounds else 0
+
+
 def geometric_mean(xs):
     xs = [x for x in xs if x > 0 and math.isfinite(x)]
     return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else math.nan
@@ -535,11 +547,8 @@ def summarise(result):
     between the humps.
     """
     samples = result["samples_s"]
-    rounds = result.get("rounds") or 1
-    per_round = {
-        "step": result.get("step_reps_per_round")
-        or max(1, len(samples["optax"]["step"]["wall"]) // rounds)
-    }
+    # Without step timings there is nothing to chunk: any size serves.
+    per_round = {"step": max(1, result["step_reps_per_round"])}
 
     def chunks(values, metric):
         size = per_round.get(metric, 1)
@@ -799,17 +808,8 @@ def main(argv=None):
             for result in saved["results"]:
                 if "rounds" not in result:
                     # Saved before the rounds were recorded: recover them from the args.
-                    a = saved["args"]
-                    reps = (
-                        a["compile_reps"]
-                        if result["tree"] != "small"
-                        else a["small_compile_reps"]
-                    )
-                    result["rounds"] = 2 * math.ceil(
-                        max(reps, 1 if a["step_reps"] else 0) / 2
-                    )
-                    result["step_reps_per_round"] = math.ceil(
-                        a["step_reps"] / result["rounds"]
+                    result["rounds"], result["step_reps_per_round"] = round_plan(
+                        saved["args"], result["tree"]
                     )
                 results.append(summarise(result))
         print(table(results))

@@ -94,10 +94,10 @@ SCRIPT = textwrap.dedent(
         assert len(packed.buffers) == 2, [b.shape for b in packed.buffers]
         sharded = next(b for b in packed.buffers if b.shape == (12,))
         check_state("packed", f"packed {{case.name}}", tx.init(packed), sharded.sharding, (12,))
-        if representative and reference is not None:
-            extra = {{}} if case.extra_args is None else case.extra_args(model, grads)
-            compare(f"auto {{case.name}}", tx.update(grads, state, model, **extra)[0], reference)
         if representative:
+            extra = {{}} if case.extra_args is None else case.extra_args(model, grads)
+            if reference is not None:
+                compare(f"auto {{case.name}}", tx.update(grads, state, model, **extra)[0], reference)
             # Bucketed: the params stay as they are; the state's buffers are
             # grouped by sharding as packed params are.
             bucketed = eqopt.bucketed(tx, always=True)

@@ -106,7 +106,7 @@ class ScaleByBelief(AbstractGradientTransformation):
         @no_type_check
         def step(g, mu, nu):
             mu = b1 * mu + one_minus_b1 * g
-            nu = one_minus_b2 * abs_squared(g - mu) + b2 * nu + eps_root
+            nu = b2 * nu + one_minus_b2 * abs_squared(g - mu) + eps_root
             if self.nesterov:
                 mu_hat = b1 * debias(mu, next_correction1) + debias(
                     one_minus_b1 * g, correction1
