@@ -273,6 +273,7 @@ if _TYPE_CHECKING:
         inject_stateful_hyperparams as inject_stateful_hyperparams,
     )
     from ._wrappers.masked import (
+        Freeze as Freeze,
         Masked as Masked,
         MaskedState as MaskedState,
         SelectiveTransform as SelectiveTransform,

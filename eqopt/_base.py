@@ -486,11 +486,19 @@ GradientTransformationExtraArgs = GradientTransformation
 def as_transform(transform: Any) -> AbstractGradientTransformation:
     """Accepts an eqopt transform, or wraps any object with `init` and `update`.
 
-    The latter lets an Optax `GradientTransformation` (a NamedTuple of two
-    functions) be chained with eqopt transforms.
+    An Optax transformation is wrapped with [`eqopt.from_optax`][], so that it
+    sees only the trainable leaves of a whole Equinox model; any other object
+    with `init` and `update` is wrapped in [`eqopt.GradientTransformation`][].
     """
     if isinstance(transform, AbstractGradientTransformation):
         return transform
+    if type(transform).__module__.split(".")[0] == "optax":
+        # An Optax transform expects a tree of arrays; `from_optax` gives it the
+        # trainable leaves of a whole model. Imported here: `_interop` sits above
+        # this module (see "Layers" in docs/development.md).
+        from ._interop import FromOptax
+
+        return FromOptax(transform)
     if callable(getattr(transform, "init", None)) and callable(
         getattr(transform, "update", None)
     ):

@@ -7,6 +7,7 @@ from typing import Any, TypeAlias
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PyTree
 
@@ -29,6 +30,7 @@ from ._filters import (
     map_prefix,
     per_leaf_hint,
     resolve_filter,
+    warn_if_selects_nothing,
 )
 
 
@@ -146,7 +148,10 @@ class Chain(_AbstractNamedTuple, AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return all(t.elementwise for t in self.transforms)
 
-    handles_packed = True
+    @property
+    def handles_packed(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
+        # A frozen selection is by leaf: a chain that freezes sees unpacked trees.
+        return not any(hasattr(t, "frozen_selection") for t in self.transforms)
 
     @property
     def per_example_updates(self) -> bool:
@@ -156,8 +161,16 @@ class Chain(_AbstractNamedTuple, AbstractGradientTransformation):
             and getattr(self.transforms[0], "per_example_updates", False)
         )
 
+    def frozen_selection(self, tree: Any) -> Any | None:
+        """The leaves a part of this chain freezes (see [`eqopt.Freeze`][]), or `None`."""
+        return _union(*(_frozen_by(t, tree) for t in self.transforms))
+
     def init(self, params: Params) -> ChainState:
-        return ChainState(tuple(t.init(params) for t in self.transforms), self.names)
+        states, frozen = [], None
+        for transform in self.transforms:
+            states.append(transform.init(_drop(params, frozen)))
+            frozen = _union(frozen, _frozen_by(transform, params))
+        return ChainState(tuple(states), self.names)
 
     def update(
         self,
@@ -177,13 +190,56 @@ class Chain(_AbstractNamedTuple, AbstractGradientTransformation):
         per_example = self.per_example_updates
         if params is not None and not per_example:
             check_updates(updates, params)
+        reference = updates if params is None else params
+        gradients, frozen = updates, None
         new_states = []
         for transform, part_state in zip(self.transforms, state.states, strict=True):
             updates, part_state = transform.update(
-                updates, part_state, params, **extra_args
+                _drop(updates, frozen), part_state, _drop(params, frozen), **extra_args
             )
             new_states.append(part_state)
+            frozen = _union(frozen, _frozen_by(transform, reference))
+        if frozen is not None:
+            # Frozen leaves get zero updates, as `freeze` alone gives.
+            updates = jax.tree.map(
+                lambda new, gradient, is_frozen: (
+                    jnp.zeros_like(gradient)
+                    if is_frozen and gradient is not None
+                    else new
+                ),
+                _drop(updates, frozen),
+                gradients,
+                frozen,
+                is_leaf=is_none,
+            )
         return updates, ChainState(tuple(new_states), self.names)
+
+
+def _frozen_by(transform: Any, tree: Any) -> Any | None:
+    # Only `Freeze` and chains holding one freeze leaves for the parts after them.
+    frozen_selection = getattr(transform, "frozen_selection", None)
+    if frozen_selection is None or tree is None:
+        return None
+    return frozen_selection(tree)
+
+
+def _union(*selections: Any) -> Any | None:
+    selections = tuple(s for s in selections if s is not None)
+    if not selections:
+        return None
+    return jax.tree.map(lambda *bools: any(bools), *selections, is_leaf=is_none)
+
+
+def _drop(tree: Any, frozen: Any | None) -> Any:
+    # The frozen leaves become `None`, as for a leaf that is not differentiated.
+    if frozen is None or tree is None:
+        return tree
+    return jax.tree.map(
+        lambda leaf, is_frozen: None if is_frozen else leaf,
+        tree,
+        frozen,
+        is_leaf=is_none,
+    )
 
 
 def chain(*args: Any) -> Chain:
@@ -385,6 +441,17 @@ class Partition(AbstractGradientTransformation):
         inner_states = {}
         for label, transform in self.transforms.items():
             mask = _group_mask(labels, label)
+            spec = (
+                self.param_labels[label]
+                if _looks_like_filter_specs(self.param_labels, set(self.transforms))
+                else self.param_labels
+            )
+            warn_if_selects_nothing(
+                mask,
+                f"group {label!r} of partition",
+                spec,
+                "its transform trains nothing",
+            )
             inner_states[label] = transform.init(keep_selected(params, mask))
         return PartitionState(inner_states)
 

@@ -1,5 +1,7 @@
 """Filter specs: selecting leaves the way `eqx.filter` does ("Selecting parameters" in the docs)."""
 
+import sys
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeAlias, no_type_check
 
@@ -9,6 +11,7 @@ import numpy as np
 from jaxtyping import PyTree
 
 from ._base import is_none, is_trainable, path_str
+from ._structure import first_difference
 
 #: A filter spec: a bool, a per-leaf predicate, or a prefix pytree of these.
 FilterSpec: TypeAlias = (
@@ -156,9 +159,15 @@ def map_prefix(
     )
     try:
         subtrees = prefix_def.flatten_up_to(tree)
-    except (ValueError, TypeError) as error:
+    except (ValueError, TypeError):
+        found = first_difference(prefix, tree, prefix=True)
+        where = (
+            f"at {found[0]}, it has {found[1]} where the params have {found[2]}"
+            if found is not None
+            else "it does not match them"
+        )
         raise ValueError(
-            f"{what} is not a prefix of the params' structure: {error}.{hint}"
+            f"{what} is not a prefix of the params' structure: {where}.{hint}"
         ) from None
     results = [
         fn(leaf, subtree, path)
@@ -180,12 +189,48 @@ def select_trainable(
     )
 
 
-def check_selects_something(mask: Any, what: str = "mask") -> None:
-    if not any(jax.tree.leaves(mask)):
-        raise ValueError(
-            f"The {what} selects no trainable leaf (no inexact array). Check the filter "
-            "spec: a mask that selects nothing is almost always a mistake."
+def describe_spec(filter_spec: Any) -> str:
+    """A few words naming a filter spec in a message: `lambda`, a function's name, a tree."""
+    if isinstance(filter_spec, (bool, np.bool_)):
+        return str(bool(filter_spec))
+    if callable(filter_spec) and not is_pytree_node(filter_spec):
+        name = getattr(filter_spec, "__qualname__", type(filter_spec).__name__)
+        return "a lambda" if "<lambda>" in name else f"`{name}`"
+    return f"a prefix tree of bools and predicates ({type(filter_spec).__name__})"
+
+
+def warn_if_selects_nothing(
+    selection: Any, what: str, filter_spec: Any, consequence: str
+) -> None:
+    """Warns once (at `init`) when a mask or group selects no trainable leaf.
+
+    Configuration-driven code ("freeze the first k layers" with k = 0) builds
+    such masks on purpose, so this is allowed; but it is also the sign of a
+    mistyped spec, so it is said.
+    """
+    if not any(jax.tree.leaves(selection)):
+        warnings.warn(
+            f"The {what} ({describe_spec(filter_spec)}) selects no trainable leaf "
+            f"(no inexact array), so {consequence}.",
+            UserWarning,
+            stacklevel=_outside_eqopt(),
         )
+
+
+_LIBRARIES = ("eqopt", "jaxtyping", "equinox", "beartype", "jax")
+
+
+@no_type_check
+def _outside_eqopt() -> int:
+    # The stack level of the first caller outside eqopt and the libraries it
+    # calls through, so a warning points at the user's line.
+    level, frame = 1, sys._getframe(1)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.split(".")[0] not in _LIBRARIES:
+            return level
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def keep_selected(tree: Any, mask: Any) -> Any:

@@ -29,7 +29,7 @@ from typing import Any
 
 import jaxtyping
 
-from ._typecheck import typechecker
+from ._typecheck import call_error, typechecker
 
 # Changing how the source is rewritten changes this, so stale caches are ignored.
 _CACHE_TAG = "eqoptcheck1"
@@ -45,9 +45,33 @@ def check_function(fn: Callable) -> Callable:
         nonlocal checked
         if checked is None:
             checked = jaxtyping.jaxtyped(typechecker=typechecker)(fn)
-        return checked(*args, **kwargs)
+        try:
+            return checked(*args, **kwargs)
+        except TypeError as error:
+            better = call_error(fn, error, args, kwargs, fn.__name__)
+            if better is None:
+                raise
+            raise better from None
 
     return wrapper
+
+
+def _name_call_errors(cls: type) -> None:
+    # `cls.__init__` is jaxtyping's wrapper: a call that does not bind gets
+    # Python's wording, naming the class (see `call_error`).
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def named(self, *args, **kwargs):
+        try:
+            return init(self, *args, **kwargs)
+        except TypeError as error:
+            better = call_error(init, error, (self, *args), kwargs, cls.__name__)
+            if better is None:
+                raise
+            raise better from None
+
+    cls.__init__ = named  # pyright: ignore
 
 
 def check_class(cls: type) -> type:
@@ -71,6 +95,7 @@ def check_class(cls: type) -> type:
             else:
                 cls.__init__ = own  # pyright: ignore
             jaxtyping.jaxtyped(typechecker=typechecker)(cls)
+            _name_call_errors(cls)
         return cls.__init__(self, *args, **kwargs)  # pyright: ignore
 
     cls.__init__ = placeholder  # pyright: ignore

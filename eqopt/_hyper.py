@@ -150,6 +150,8 @@ def check_fields(module: eqx.Module) -> None:
     field. Traced values are checked for shape and dtype only.
     """
     for field in dataclasses.fields(module):
+        if field.name == "dtype" or field.name.endswith("_dtype"):
+            _check_dtype(type(module).__name__, field.name, getattr(module, field.name))
         kind = _KINDS.get(field.metadata.get("converter"))
         if kind is None:
             continue
@@ -178,6 +180,20 @@ def check_fields(module: eqx.Module) -> None:
             raise ValueError(
                 f"{owner}: hyperparameter `{field.name}` must be finite, got {value.item()}."
             )
+
+
+def _check_dtype(owner: str, name: str, value: Any) -> None:
+    # A dtype field is static and used only at `init`: a misspelt name such as
+    # "bf16" would fail there, far from where it was written.
+    if not isinstance(value, (str, type, np.dtype)):
+        return  # None, or a storage format object, checked where it is used
+    try:
+        jnp.dtype(value)
+    except TypeError:
+        raise ValueError(
+            f"{owner}: `{name}={value!r}` is not a dtype. Pass a JAX dtype such as "
+            "`jnp.bfloat16`, or its name (`'bfloat16'`)."
+        ) from None
 
 
 def check_hyperparameter(

@@ -142,10 +142,9 @@ class FromOptax(AbstractGradientTransformation):
 def from_optax(transform: Any) -> FromOptax:
     """Wraps an Optax transformation so that it runs in eqopt on whole models.
 
-    Builds a [`eqopt.FromOptax`][], which documents the behaviour. Optax
-    transformations given to eqopt's combinators (`chain`, `masked`,
-    `partition`...) are used as they are; wrap them with `from_optax` when the
-    params hold non-array leaves (a whole Equinox model).
+    Builds a [`eqopt.FromOptax`][], which documents the behaviour. An Optax
+    transformation given to eqopt's combinators (`chain`, `masked`,
+    `partition`...) is wrapped this way for you.
 
     **Arguments:**
 

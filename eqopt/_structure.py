@@ -87,13 +87,13 @@ def first_difference(
         extra = [k for k in keys if k not in reference_keys]
         if missing:
             return (
-                where + _key_str(missing[0]),
+                path + _key_str(missing[0]),
                 "nothing",
                 _describe(dict(reference_children)[missing[0]]),
             )
         if extra:
             return (
-                where + _key_str(extra[0]),
+                path + _key_str(extra[0]),
                 _describe(dict(children)[extra[0]]),
                 "nothing",
             )

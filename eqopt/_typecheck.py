@@ -18,6 +18,7 @@ so every annotation is checked by beartype (at trace time under `jit`). Two thin
 This module is imported before the hook is installed, so it is not checked itself.
 """
 
+import difflib
 import functools
 import inspect
 import re
@@ -155,3 +156,44 @@ def typechecker(fn: Callable) -> Callable:
             raise ArgumentTypeError(_message(fn, error, args, kwargs)) from None
 
     return wrapper
+
+
+def call_error(
+    fn: Callable, error: TypeError, args: tuple, kwargs: dict, owner: str
+) -> TypeError | None:
+    """Python's own wording for a call that does not bind to `fn`'s signature.
+
+    jaxtyping binds the arguments before checking them and raises binding's bare
+    message (`got an unexpected keyword argument 'x'`), which names neither the
+    function nor the fix. Returns `None` when the arguments do bind (the error
+    came from the body), so that error is re-raised as it is. Only runs on the
+    error path.
+    """
+    if isinstance(error, ArgumentTypeError):
+        return None
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as binding:
+        message = str(binding)
+    else:
+        return None
+    parameters = signature.parameters.values()
+    names = [
+        p.name
+        for p in parameters
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "self"
+    ]
+    # As Python does, a misspelt keyword is reported as such, before what is missing.
+    takes_any_keyword = any(p.kind is p.VAR_KEYWORD for p in parameters)
+    unexpected = [k for k in kwargs if k not in names and not takes_any_keyword]
+    if unexpected:
+        message = f"got an unexpected keyword argument '{unexpected[0]}'"
+        close = difflib.get_close_matches(unexpected[0], names, n=1)
+        return TypeError(
+            f"{owner}() {message}" + (f"; did you mean '{close[0]}'?" if close else "")
+        )
+    return TypeError(f"{owner}() {message}")

@@ -1,9 +1,11 @@
 """Decoupled weight decay (`eqopt/_transform/decay.py`): add_decayed_weights."""
 
+import equinox as eqx
+import jax
 import jax.numpy as jnp
 import optax
 import pytest
-from helpers import ALL_DTYPES, Case, decaying_schedule, make_mlp
+from helpers import ALL_DTYPES, Case, decaying_schedule, make_mlp, tree_allclose
 
 import eqopt
 
@@ -38,9 +40,14 @@ def test_weight_decay_needs_params():
         opt.update(params, opt.init(params))
 
 
-def test_mask_that_selects_nothing():
-    with pytest.raises(ValueError, match="selects no trainable leaf"):
-        eqopt.add_decayed_weights(0.1, mask=False).init(make_mlp(in_size=3))
+def test_mask_that_selects_nothing_decays_nothing_with_a_warning():
+    model = make_mlp(in_size=3)
+    tx = eqopt.add_decayed_weights(0.1, mask=False)
+    with pytest.warns(UserWarning, match=r"weight-decay mask \(False\) selects no"):
+        state = tx.init(model)
+    grads = jax.tree.map(lambda x: x if eqx.is_inexact_array(x) else None, model)
+    updates, _ = tx.update(grads, state, model)
+    assert tree_allclose(updates, grads, rtol=0, atol=0)
 
 
 def test_add_decayed_weights_with_nothing_to_decay_needs_no_params():

@@ -11,13 +11,14 @@ serialisation.
 """
 
 import io
+import warnings
 from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from registry import ALL_CASES
 
 import eqopt
@@ -135,12 +136,10 @@ def test_registry_properties_on_random_models(case_index, data):
         )
     tx = case.make()
     before = _snapshot(model)
-    try:
+    with warnings.catch_warnings():
+        # A mask that selects no leaf of this random model is allowed, with a warning.
+        warnings.filterwarnings("ignore", "The .* selects no trainable leaf")
         state = tx.init(model)
-    except ValueError as error:
-        # A mask that selects no leaf of this model is refused by design.
-        assume("selects no trainable leaf" not in str(error))
-        raise
     updates, state = tx.update(grads, state, model)
     assert _same(_snapshot(model), before), case.name
     # Updates: the params' structure, None where there is no gradient.

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from .._base import AbstractGradientTransformation, OptState, Params, Updates, leafwise
-from .._filters import FilterSpec, check_selects_something, select_trainable
+from .._filters import FilterSpec, select_trainable, warn_if_selects_nothing
 from .._fused._pack import Packed, contains_packed, repack_like, unpack_all
 from .._hyper import (
     Scalar,
@@ -31,7 +31,7 @@ class AddDecayedWeights(AbstractGradientTransformation):
     per-leaf predicate such as `lambda x: x.ndim > 1`, or a prefix pytree of
     these); unselected leaves pass through. Unlike Optax, a callable mask is a
     per-leaf predicate, never a function of the whole params. A mask that
-    selects no trainable leaf is an error.
+    selects no trainable leaf decays nothing, with a warning at `init`.
 
     **Arguments:**
 
@@ -62,8 +62,11 @@ class AddDecayedWeights(AbstractGradientTransformation):
 
     def init(self, params: Params) -> OptState:
         if self.mask is not None:
-            check_selects_something(
-                select_trainable(self.mask, unpack_all(params)), "weight-decay mask"
+            warn_if_selects_nothing(
+                select_trainable(self.mask, unpack_all(params)),
+                "weight-decay mask",
+                self.mask,
+                "no parameter is decayed",
             )
         return init_count_if_scheduled(self.weight_decay)
 

@@ -1,5 +1,6 @@
 """Selecting parameters with filter specs: masked, freeze, selective_transform."""
 
+import warnings
 from typing import Any
 
 import equinox as eqx
@@ -16,11 +17,11 @@ from .._base import (
 )
 from .._filters import (
     FilterSpec,
-    check_selects_something,
     keep_selected,
     merge_selected,
     resolve_filter,
     select_trainable,
+    warn_if_selects_nothing,
 )
 from .._transform.basic import SetToZero
 
@@ -41,7 +42,8 @@ class Masked(AbstractGradientTransformation):
 
     The inner transform sees `None` at unselected leaves and keeps no state for
     them. Masks nest: `masked(masked(t, a), b)` applies `t` where both select.
-    A mask that selects no trainable leaf is an error at `init`.
+    A mask that selects no trainable leaf is allowed (every leaf passes
+    through), with a warning at `init`.
 
     Unlike Optax, a callable mask is a per-leaf predicate, never a function of
     the whole params (Equinox modules are callable pytrees, and guessing which
@@ -84,7 +86,12 @@ class Masked(AbstractGradientTransformation):
 
     def init(self, params: Params) -> MaskedState:
         selection = self._selection(params)
-        check_selects_something(selection)
+        warn_if_selects_nothing(
+            selection,
+            f"mask of masked({type(self.inner).__name__})",
+            self.mask,
+            "every update passes through unchanged",
+        )
         return MaskedState(self.inner.init(keep_selected(params, selection)))
 
     def update(
@@ -117,17 +124,78 @@ def masked(
     return Masked(inner=inner, mask=mask)
 
 
-def freeze(mask: FilterSpec) -> Masked:
-    """Freezes the selected leaves: zero updates and no state for them.
+class Freeze(AbstractGradientTransformation):
+    r"""Freezes the selected leaves: they do not move, and no state is kept for them.
 
-    The other leaves pass through unchanged, so chain it with an optimiser (or
-    use [`eqopt.selective_transform`][]).
+    $$ u_i \mapsto 0 \quad \text{for the selected leaves } i $$
+
+    Alone, it sets the updates of the selected leaves to zero and passes the
+    others through. In a [`eqopt.chain`][] it freezes for the whole chain,
+    wherever it stands: the parts after it see `None` at the frozen leaves, as
+    for a leaf that is not differentiated, so they keep no state for them
+    (Adam's moments are `None` there) and add nothing to them (weight decay
+    included), and the chain returns zero updates there. The parts before it
+    still see the frozen leaves; put `freeze` first to keep no state at all.
+    A nested chain freezes for the chain around it too.
+
+    A mask that selects no trainable leaf freezes nothing, with a warning at
+    `init`.
 
     **Arguments:**
 
-    - `mask`: a filter spec of the leaves to freeze.
+    - `mask`: a filter spec of the leaves to freeze (a bool, a per-leaf
+      predicate, or a prefix pytree of these, e.g. built with `eqx.tree_at`).
+
+    !!! example
+
+        ```python
+        frozen = eqx.tree_at(
+            lambda m: m.layers[0], jax.tree.map(lambda _: False, model), True
+        )
+        opt = eqopt.chain(eqopt.freeze(frozen), eqopt.adamw(1e-3, weight_decay=1e-2))
+        state = opt.init(model)   # no Adam moments for the first layer
+        ```
     """
-    return Masked(inner=SetToZero(), mask=mask)
+
+    mask: FilterSpec
+
+    @property
+    def elementwise(self) -> bool:
+        # It changes what the chain around it gives the parts after it, by leaf.
+        return False
+
+    def frozen_selection(self, tree: Any) -> Any:
+        """The leaves this transform freezes: a tree of bools shaped like `tree`."""
+        return select_trainable(self.mask, tree, what="freeze mask")
+
+    def init(self, params: Params) -> EmptyState:
+        warn_if_selects_nothing(
+            self.frozen_selection(params),
+            "mask of freeze",
+            self.mask,
+            "no parameter is frozen",
+        )
+        return EmptyState()
+
+    def update(
+        self,
+        updates: Updates,
+        state: EmptyState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, EmptyState]:
+        frozen = self.frozen_selection(updates if params is None else params)
+        zeros, _ = SetToZero().update(keep_selected(updates, frozen), EmptyState())
+        return merge_selected(zeros, updates, frozen), state
+
+
+def freeze(mask: FilterSpec) -> Freeze:
+    """Optax spelling of [`eqopt.Freeze`][]: the selected leaves do not move.
+
+    Unlike Optax's `freeze` (a masked `set_to_zero`, which a later weight decay
+    still moves), the leaves stay frozen wherever `freeze` stands in a chain.
+    """
+    return Freeze(mask=mask)
 
 
 class SelectiveTransform(AbstractGradientTransformation):
@@ -158,10 +226,17 @@ class SelectiveTransform(AbstractGradientTransformation):
         return Masked(inner=self.optimizer, mask=trained)
 
     def init(self, params: Params) -> OptState:
-        check_selects_something(
-            select_trainable(self.freeze_mask, params), "freeze mask"
+        warn_if_selects_nothing(
+            select_trainable(self.freeze_mask, params, what="freeze mask"),
+            "freeze mask of selective_transform",
+            self.freeze_mask,
+            "no parameter is frozen",
         )
-        return self._trained(params).init(params)
+        trained = self._trained(params)
+        # Every leaf frozen is allowed too; the inner mask's warning would repeat this.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return trained.init(params)
 
     def update(
         self,
