@@ -13,7 +13,10 @@ import equinox as _equinox  # noqa: F401
 import jax as _jax  # noqa: F401
 
 from . import _hook
-from ._typecheck import ArgumentTypeError as ArgumentTypeError
+from ._typecheck import (
+    ArgumentTypeError as ArgumentTypeError,
+    ArgumentValueError as ArgumentValueError,
+)
 
 # Installed once and kept (it only touches modules named `eqopt.*`), so the
 # namespaces imported lazily below are checked too, however they are imported
@@ -64,6 +67,8 @@ if _TYPE_CHECKING:
         OptState as OptState,
         Params as Params,
         Updates as Updates,
+        leafwise as leafwise,
+        zeros_like_trainable as zeros_like_trainable,
     )
     from ._combine import (
         Chain as Chain,
@@ -75,6 +80,7 @@ if _TYPE_CHECKING:
         named_chain as named_chain,
         partition as partition,
     )
+    from ._current import current_hyperparams as current_hyperparams
     from ._filters import FilterSpec as FilterSpec
     from ._fused._bucketed import (
         Bucketed as Bucketed,
@@ -82,7 +88,13 @@ if _TYPE_CHECKING:
         bucketed as bucketed,
     )
     from ._fused._pack import Packed as Packed, pack as pack
-    from ._hyper import ScalarOrSchedule as ScalarOrSchedule
+    from ._hyper import (
+        Scalar as Scalar,
+        ScalarLike as ScalarLike,
+        ScalarOrSchedule as ScalarOrSchedule,
+        as_scalar as as_scalar,
+        as_scalar_or_schedule as as_scalar_or_schedule,
+    )
     from ._interop import (
         FromOptax as FromOptax,
         FromOptaxState as FromOptaxState,
@@ -106,6 +118,10 @@ if _TYPE_CHECKING:
         update_infinity_moment as update_infinity_moment,
         update_moment as update_moment,
         update_moment_per_elem_norm as update_moment_per_elem_norm,
+    )
+    from ._scheduled import (
+        current_value as current_value,
+        init_count_if_scheduled as init_count_if_scheduled,
     )
     from ._train_state import TrainState as TrainState
     from ._transform._linesearch_common import (
@@ -493,8 +509,28 @@ def __getattr__(name: str):
     module_name, attribute = where
     module = importlib.import_module(module_name)
     value = module if attribute is None else getattr(module, attribute)
+    if name in _MOVED:
+        # Warned at every use, as Optax does, so never cached as a plain attribute.
+        import warnings
+
+        warnings.warn(
+            f"`eqopt.{name}` is deprecated (as in Optax): use `{_MOVED[name]}`.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return value
     globals()[name] = value  # from now on a plain attribute
     return value
+
+
+# Top-level names Optax deprecates in favour of their `contrib` home.
+_MOVED = {
+    "differentially_private_aggregate": "eqopt.contrib.differentially_private_aggregate",
+    "DifferentiallyPrivateAggregateState": (
+        "eqopt.contrib.DifferentiallyPrivateAggregateState"
+    ),
+    "dpsgd": "eqopt.contrib.dpsgd",
+}
 
 
 def __dir__() -> list[str]:

@@ -569,10 +569,21 @@ def leafwise(
                 structure_mismatch_message(updates, tree, "updates", "state")
             )
         others.append(other_leaves)
+    # A state or params tree holds arrays; a tree of settings (Muon's dimension
+    # numbers) may hold `None` anywhere.
+    holds_arrays = [any(eqx.is_array(x) for x in other) for other in others]
     for index, (u, *rest) in enumerate(zip(leaves, *others, strict=False)):
         if u is None:
             continue
-        for other in rest:
+        for other, of_arrays in zip(rest, holds_arrays, strict=True):
+            if other is None and of_arrays:
+                path = _paths(updates)[index]
+                raise ValueError(
+                    f"`updates` at {path} is an array but the state (or params) holds "
+                    "nothing there: `init` saw a leaf that is not trainable (not an "
+                    "inexact array). Give that leaf no gradient (`None`), or make it "
+                    "an array before `init`."
+                )
             if eqx.is_array(other) and other.shape != u.shape:
                 path = _paths(updates)[index]
                 raise ValueError(

@@ -23,12 +23,14 @@ from ._base import (
     path_str,
 )
 from ._filters import (
+    NOT_A_VALUE,
     call_per_leaf,
     is_pytree_node,
     is_spec_leaf,
     keep_selected,
     map_prefix,
     per_leaf_hint,
+    refuse_whole_params_reading,
     resolve_filter,
     warn_if_selects_nothing,
 )
@@ -351,13 +353,23 @@ def _resolve_labels(param_labels: Any, params: Params, labels: list) -> Any:
         treedef = jax.tree.structure(subtree, is_leaf=is_none)
         return jax.tree.unflatten(treedef, sub_out)
 
-    return map_prefix(
+    resolved = map_prefix(
         resolve_subtree,
         param_labels,
         params,
         is_leaf=is_label_leaf,
         what="`param_labels`",
     )
+    if callable(param_labels) and is_label_leaf(param_labels):
+        refuse_whole_params_reading(
+            param_labels,
+            params,
+            resolved,
+            what,
+            hint,
+            lambda value: value if _is_label(value) else NOT_A_VALUE,
+        )
+    return resolved
 
 
 def _a(x: Any) -> str:

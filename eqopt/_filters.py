@@ -88,6 +88,69 @@ def _to_bool(value: Any, path, what: str, hint: str) -> bool:
     )
 
 
+def _as_bool(value: Any) -> Any:
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if (
+        hasattr(value, "shape")
+        and value.shape == ()
+        and not isinstance(value, jax.core.Tracer)
+    ):
+        return bool(value)
+    return NOT_A_VALUE
+
+
+#: What `as_value` returns for a value that is not a mask's bool or a label.
+NOT_A_VALUE: Any = object()
+
+
+def refuse_whole_params_reading(
+    fn: Callable,
+    tree: Any,
+    per_leaf: Any,
+    what: str,
+    hint: str,
+    as_value: Callable[[Any], Any],
+) -> None:
+    """Refuses a callable written for Optax's whole-params call that reads differently per leaf.
+
+    eqopt applies a callable mask or label function to each leaf. A function of
+    the whole params (`jax.tree_util.tree_map_with_path(..., params)`) often runs
+    on a single leaf too, where every path is empty, and silently selects
+    something else. So the function is also called on the whole `tree`: when that
+    returns a tree shaped like `tree` whose values differ from the per-leaf ones
+    (`per_leaf`, shaped like `tree`) at a trainable leaf, this raises, naming the
+    leaf. When both readings agree, the callable works either way and is kept.
+    """
+    if not is_pytree_node(tree):
+        return
+    try:
+        whole = fn(tree)
+    except Exception:  # noqa: BLE001 - not a function of the whole params
+        return
+    structure = jax.tree.structure(tree, is_leaf=is_none)
+    if jax.tree.structure(whole, is_leaf=is_none) != structure:
+        return
+    flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_none)[0]
+    whole_leaves = structure.flatten_up_to(whole)
+    per_leaf_leaves = structure.flatten_up_to(per_leaf)
+    for (path, leaf), as_whole, as_leaf in zip(
+        flat, whole_leaves, per_leaf_leaves, strict=True
+    ):
+        if not is_trainable(leaf):
+            continue
+        value = as_value(as_whole)
+        if value is NOT_A_VALUE:
+            return
+        if value != as_leaf:
+            raise ValueError(
+                f"The {what} reads as a function of the whole params: called on "
+                "them it returns a tree shaped like them, which gives "
+                f"{value!r} at {path_str(path)} where calling it on that leaf "
+                f"gives {as_leaf!r}. {hint}"
+            )
+
+
 def resolve_filter(
     filter_spec: FilterSpec,
     tree: Any,
@@ -126,7 +189,12 @@ def resolve_filter(
         return jax.tree.unflatten(treedef, leaves)
 
     if is_spec_leaf(filter_spec):
-        return resolve_subtree(filter_spec, tree, ())
+        resolved = resolve_subtree(filter_spec, tree, ())
+        if callable(filter_spec):
+            refuse_whole_params_reading(
+                filter_spec, tree, resolved, f"predicate in the {what}", hint, _as_bool
+            )
+        return resolved
     return map_prefix(
         resolve_subtree,
         filter_spec,

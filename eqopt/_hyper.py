@@ -61,7 +61,14 @@ def _to_scalar(value: Any) -> Any:
 
 
 def as_scalar(value: ScalarLike) -> Scalar:
-    """Field converter for a scalar hyperparameter (see the module docstring)."""
+    """The field converter of a scalar hyperparameter: a number becomes a scalar leaf.
+
+    A Python or NumPy number becomes a weakly-typed JAX scalar (an integer
+    becomes a float), so the field is a dynamic leaf under `eqx.filter_jit`
+    (changing it does not recompile) that does not promote `bfloat16`. Use it as
+    `eqx.field(default=0.9, converter=eqopt.as_scalar)` with the annotation
+    `eqopt.Scalar`; see "Writing your own transform" in the docs.
+    """
     return _to_scalar(value)
 
 
@@ -71,7 +78,12 @@ def as_optional_scalar(value: ScalarLike | None) -> Scalar | None:
 
 
 def as_scalar_or_schedule(value: ScalarOrSchedule) -> Scalar | Schedule:
-    """Field converter for a hyperparameter that may also be a schedule."""
+    """The field converter of a hyperparameter that may also be a schedule.
+
+    A number becomes a scalar leaf as with [`eqopt.as_scalar`][]; a schedule (any
+    callable of the step count) is kept as it is. Pair it with
+    [`eqopt.init_count_if_scheduled`][] and [`eqopt.current_value`][].
+    """
     return _to_scalar(value)
 
 
@@ -122,6 +134,11 @@ _KINDS: dict[Any, tuple[str, bool, bool]] = {
     ),
     as_int_scalar: ("an integer (a Python int or a 0-d integer array)", False, False),
 }
+
+
+def is_hyperparameter_field(field: dataclasses.Field) -> bool:
+    """Whether a dataclass field holds a hyperparameter (its converter is one of these)."""
+    return field.metadata.get("converter") in _KINDS
 
 
 def _describe(value: Any) -> str:

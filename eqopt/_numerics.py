@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Inexact, Int, PyTree, Shaped
 
 from ._base import Updates, is_none
+from ._deprecation import deprecated
 
 # The per-leaf helpers below run once per leaf at trace time; their inputs were
 # checked at the public `update`, so they skip the type-check wrapper (which
@@ -182,7 +183,7 @@ def update_infinity_moment(
     )
 
 
-def global_norm(updates: PyTree[Any]) -> Float[Array, ""]:
+def tree_l2_norm(updates: PyTree[Any]) -> Float[Array, ""]:
     r"""The L2 norm of all the array leaves of a pytree taken together.
 
     $$ \|g\| = \sqrt{\textstyle\sum_{\ell} \sum_i |g_{\ell,i}|^2} $$
@@ -194,3 +195,12 @@ def global_norm(updates: PyTree[Any]) -> Float[Array, ""]:
     if not leaves:
         return jnp.zeros((), jnp.float32)
     return jnp.sqrt(sum(jnp.sum(jnp.real(x * jnp.conj(x))) for x in leaves))
+
+
+@deprecated("`eqopt.tree.norm`")
+def global_norm(updates: PyTree[Any]) -> Float[Array, ""]:
+    """The L2 norm of all the array leaves of a pytree (deprecated, as in Optax).
+
+    Use [`eqopt.tree.norm`][] (the same number).
+    """
+    return tree_l2_norm(updates)

@@ -23,14 +23,24 @@ class ScaleByScheduleState(eqx.Module):
 
 
 def init_count_if_scheduled(value: Any) -> ScaleByScheduleState | EmptyState:
-    """The state of a hyperparameter that may be a schedule: a step count if it is one."""
+    """The state a hyperparameter that may be a schedule needs: a step count if it is one.
+
+    Returns a [`eqopt.ScaleByScheduleState`][] (the count, starting at 0) for a
+    schedule, and [`eqopt.EmptyState`][] for a number. Call it in `init` and read
+    the value in `update` with [`eqopt.current_value`][].
+    """
     if callable(value):
         return ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
     return EmptyState()
 
 
 def current_value(value: Any, state: Any) -> tuple[Any, Any]:
-    """A number as it is, or a schedule evaluated at the state's count (then advanced)."""
+    """A number as it is, or a schedule evaluated at the state's count.
+
+    **Returns:** `(value, new_state)`: for a schedule, its value at `state.count`
+    and the state with the count advanced by one; for a number, the number and
+    `state` unchanged.
+    """
     if callable(value):
         return jnp.asarray(value(state.count)), ScaleByScheduleState(
             count=safe_int32_increment(state.count)

@@ -22,8 +22,10 @@ import difflib
 import functools
 import inspect
 import re
+import types
+import typing
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import jaxtyping
 
@@ -37,7 +39,34 @@ class ArgumentTypeError(jaxtyping.AnnotationError, jaxtyping.TypeCheckError):
     """
 
 
+class ArgumentValueError(jaxtyping.AnnotationError, ValueError):
+    """An argument of an eqopt function is not one of the values it may take.
+
+    Raised for an argument annotated with a `Literal` (a choice among named
+    options, such as `variant="sps"`): a `ValueError`, as Optax raises for a bad
+    choice, with the same one-line message as [`eqopt.ArgumentTypeError`][].
+    """
+
+
 _PARAMETER = re.compile(r"parameter (\w+)=")
+
+
+def _is_choice(fn: Callable, error: Exception) -> bool:
+    # Whether the failed argument is annotated with Literals only (and maybe None).
+    match = _PARAMETER.search(str(error))
+    if match is None:
+        return False
+    try:
+        annotation = inspect.signature(fn).parameters[match.group(1)].annotation
+    except (TypeError, ValueError, KeyError):
+        return False
+    options = typing.get_args(annotation) if _is_union(annotation) else (annotation,)
+    options = tuple(o for o in options if o is not type(None))
+    return bool(options) and all(typing.get_origin(o) is Literal for o in options)
+
+
+def _is_union(annotation: Any) -> bool:
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType)
 
 
 def _describe(value: Any) -> str:
@@ -53,6 +82,7 @@ def _describe(value: Any) -> str:
 
 
 _JAXTYPING = re.compile(r"jax(\w+)\[(\w+), '([^']*)'\]")
+_LITERAL = re.compile(r"Literal\[([^\]]*)\]")
 _SCALAR = "a real number (a Python number or a 0-d array)"
 
 
@@ -68,6 +98,7 @@ def _expected(annotation: Any) -> str:
         text = _JAXTYPING.sub(
             lambda m: f'{m.group(1)}[{m.group(2)}, "{m.group(3)}"]', text
         )
+        text = _LITERAL.sub(lambda m: f"one of {m.group(1)}", text)
         if text.startswith("Union[") and text.endswith("]"):
             text = " | ".join(part.strip() for part in _split_top_level(text[6:-1]))
         # The hyperparameter aliases of eqopt._hyper, in words.
@@ -153,7 +184,8 @@ def typechecker(fn: Callable) -> Callable:
         try:
             return checked(*args, **kwargs)
         except BeartypeCallHintViolation as error:
-            raise ArgumentTypeError(_message(fn, error, args, kwargs)) from None
+            kind = ArgumentValueError if _is_choice(fn, error) else ArgumentTypeError
+            raise kind(_message(fn, error, args, kwargs)) from None
 
     return wrapper
 

@@ -24,7 +24,13 @@ def _python_blocks(path):
 
 
 @pytest.mark.parametrize(
-    "path", ["README.md", "docs/getting-started.md", "docs/checkpointing.md"]
+    "path",
+    [
+        "README.md",
+        "docs/getting-started.md",
+        "docs/checkpointing.md",
+        "docs/custom-transforms.md",
+    ],
 )
 def test_code_blocks_run(path, capsys):
     namespace = {}

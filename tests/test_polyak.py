@@ -107,16 +107,30 @@ def test_polyak_zero_gradient_gives_zero_update():
 def test_polyak_without_value_is_a_clear_error():
     grads = {"w": jnp.ones(3)}
     opt = eqopt.polyak_sgd()
-    with pytest.raises(ValueError, match=r"value=loss"):
+    # A missing argument is a TypeError, as in Python and Optax.
+    with pytest.raises(TypeError, match=r"value=loss"):
         opt.update(grads, opt.init(grads), grads)
 
 
 def test_polyak_rejects_unknown_variant():
-    # Refused by the type check of the Optax spelling, and by the class itself.
-    with pytest.raises(TypeError, match="variant"):
+    # A bad choice is a ValueError (as in Optax), from the check of the Optax
+    # spelling and of the class alike.
+    with pytest.raises(ValueError, match=r"`variant` must be one of 'sps', 'sps\+'"):
         eqopt.scale_by_polyak(variant="sps2")  # type: ignore[arg-type]
-    with pytest.raises((TypeError, ValueError), match="variant"):
+    with pytest.raises(ValueError, match="variant"):
         eqopt.ScaleByPolyak(variant="sps2")  # type: ignore[arg-type]
+
+
+def test_polyak_ignores_the_structure_of_params():
+    # As in Optax: params are not read, so a params tree of another structure is
+    # fine, and the missing value is what is reported.
+    updates = (jnp.array([500.0, 5.0]), jnp.array([300.0, 3.0]))
+    params = jnp.array([1.0, -1.0])
+    tx = eqopt.scale_by_polyak()
+    with pytest.raises(TypeError, match="value"):
+        tx.update(updates, tx.init(params), params)
+    new, _ = tx.update(updates, tx.init(params), params, value=jnp.asarray(1.0))
+    assert jax.tree.structure(new) == jax.tree.structure(updates)
 
 
 def test_polyak_trains():

@@ -72,7 +72,9 @@ def test_clips_work_on_the_documented_example():
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_same_key_same_noise_as_optax(dtype):
     params = _params(dtype)
-    tx = eqopt.differentially_private_aggregate(1.0, 1.1, key=jax.random.key(42))
+    tx = eqopt.contrib.differentially_private_aggregate(
+        1.0, 1.1, key=jax.random.key(42)
+    )
     reference = optax.contrib.differentially_private_aggregate(
         1.0, 1.1, key=jax.random.key(42)
     )
@@ -94,7 +96,7 @@ def test_same_key_same_noise_as_optax(dtype):
 def test_noise_is_bit_identical_to_optax(dtype):
     params = _params(dtype)
     zeros = jax.tree.map(jnp.zeros_like, _per_example(dtype=dtype))
-    tx = eqopt.differentially_private_aggregate(1.0, 1.1, key=jax.random.key(5))
+    tx = eqopt.contrib.differentially_private_aggregate(1.0, 1.1, key=jax.random.key(5))
     reference = optax.contrib.differentially_private_aggregate(
         1.0, 1.1, key=jax.random.key(5)
     )
@@ -112,7 +114,7 @@ def test_noise_is_bit_identical_to_optax(dtype):
 def test_pure_noise_is_the_documented_gaussian():
     """With zero gradients the update is N(0, (sigma C / B)^2) noise."""
     params = {"w": jnp.zeros(20_000)}
-    tx = eqopt.differentially_private_aggregate(2.0, 1.5, key=0)
+    tx = eqopt.contrib.differentially_private_aggregate(2.0, 1.5, key=0)
     updates, _ = tx.update({"w": jnp.zeros((4, 20_000))}, tx.init(params), params)
     np.testing.assert_allclose(jnp.std(updates["w"]), 1.5 * 2.0 / 4, rtol=0.03)
     assert abs(float(jnp.mean(updates["w"]))) < 0.02
@@ -122,7 +124,9 @@ def test_pure_noise_is_the_documented_gaussian():
 def test_dpsgd_matches_optax():
     for momentum in (None, 0.9):
         params = _params()
-        tx = eqopt.dpsgd(0.1, 1.0, 0.5, seed=3, momentum=momentum, nesterov=True)
+        tx = eqopt.contrib.dpsgd(
+            0.1, 1.0, 0.5, seed=3, momentum=momentum, nesterov=True
+        )
         reference = optax.contrib.dpsgd(
             0.1, 1.0, 0.5, seed=3, momentum=momentum, nesterov=True
         )
@@ -144,7 +148,7 @@ def test_whole_model_per_example_gradients_under_jit():
     def loss(model, x, y):
         return jnp.sum((model(x) - y) ** 2)
 
-    opt = eqopt.dpsgd(0.1, l2_norm_clip=1.0, noise_multiplier=0.3, seed=0)
+    opt = eqopt.contrib.dpsgd(0.1, l2_norm_clip=1.0, noise_multiplier=0.3, seed=0)
     traces = []
 
     @eqx.filter_jit
@@ -173,32 +177,36 @@ def test_whole_model_per_example_gradients_under_jit():
 
 def test_key_spellings():
     params = _params()
-    by_int = eqopt.differentially_private_aggregate(1.0, 1.0, key=7).init(params)
-    by_key = eqopt.differentially_private_aggregate(
+    by_int = eqopt.contrib.differentially_private_aggregate(1.0, 1.0, key=7).init(
+        params
+    )
+    by_key = eqopt.contrib.differentially_private_aggregate(
         1.0, 1.0, key=jax.random.key(7)
     ).init(params)
     np.testing.assert_array_equal(by_int.rng_key, by_key.rng_key)
-    raw = eqopt.differentially_private_aggregate(1.0, 1.0, key=jax.random.PRNGKey(7))
+    raw = eqopt.contrib.differentially_private_aggregate(
+        1.0, 1.0, key=jax.random.PRNGKey(7)
+    )
     np.testing.assert_array_equal(raw.init(params).rng_key, by_key.rng_key)
     with pytest.warns(DeprecationWarning, match="seed"):
-        by_seed = eqopt.differentially_private_aggregate(1.0, 1.0, seed=7)
+        by_seed = eqopt.contrib.differentially_private_aggregate(1.0, 1.0, seed=7)
     np.testing.assert_array_equal(by_seed.init(params).rng_key, by_key.rng_key)
 
 
 def test_missing_key_is_an_error():
     """A deliberate difference: Optax warns and picks a seed; eqopt asks for one."""
     with pytest.raises(ValueError, match="a `key` is required"):
-        eqopt.differentially_private_aggregate(1.0, 1.0)
+        eqopt.contrib.differentially_private_aggregate(1.0, 1.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         optax.contrib.differentially_private_aggregate(1.0, 1.0)
     with pytest.raises(ValueError, match="not both"):
-        eqopt.differentially_private_aggregate(1.0, 1.0, key=1, seed=1)
+        eqopt.contrib.differentially_private_aggregate(1.0, 1.0, key=1, seed=1)
 
 
 def test_gradients_without_a_batch_axis_are_a_clear_error():
     params = _params()
-    tx = eqopt.differentially_private_aggregate(1.0, 1.0, key=0)
+    tx = eqopt.contrib.differentially_private_aggregate(1.0, 1.0, key=0)
     with pytest.raises(ValueError, match=r"\['c'\] has no batch axis"):
         tx.update(params, tx.init(params), params)
     with pytest.raises(ValueError, match=r"\['b'\] has shape \(5, 4\)"):

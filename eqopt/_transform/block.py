@@ -23,7 +23,7 @@ from .._base import (
     require_params,
 )
 from .._hyper import as_scalar, check_hyperparameter
-from .._numerics import abs_squared, global_norm
+from .._numerics import abs_squared, tree_l2_norm
 
 # ---------------------------------------------------------------------------
 # Per-leaf helpers (unchecked: they run once per leaf at trace time)
@@ -380,7 +380,7 @@ class NormalizeByUpdateNorm(AbstractGradientTransformation):
         params: Params | None = None,
         **extra_args: Any,
     ) -> tuple[Updates, EmptyState]:
-        factor = self.scale_factor / (global_norm(updates) + self.eps)
+        factor = self.scale_factor / (tree_l2_norm(updates) + self.eps)
 
         @no_type_check
         def step(u):

@@ -14,7 +14,7 @@ from .._base import (
     leafwise,
 )
 from .._hyper import ScalarLike, as_scalar, check_hyperparameter
-from .._numerics import global_norm
+from .._numerics import tree_l2_norm
 
 
 class Clip(AbstractGradientTransformation):
@@ -97,7 +97,7 @@ class ClipByGlobalNorm(AbstractGradientTransformation):
         params: Params | None = None,
         **extra_args: Any,
     ) -> tuple[Updates, EmptyState]:
-        norm = global_norm(updates)
+        norm = tree_l2_norm(updates)
         # One scalar factor, 1 when within the bound. A product by a scalar costs
         # nothing for XLA to recompute in each consumer, so the clipped gradient
         # never exists as a parameter-sized buffer (dividing every element by the

@@ -15,6 +15,7 @@ from .._base import (
     zeros_like_trainable,
 )
 from .._combine import Chain
+from .._deprecation import deprecated
 from .._hyper import ScalarLike, ScalarOrSchedule, as_scalar, check_hyperparameter
 from .adam import ScaleByAdam
 from .basic import Scale, ScaleByLearningRate
@@ -141,6 +142,7 @@ def optimistic_gradient_descent(
     )
 
 
+@deprecated("`eqopt.optimistic_adam_v2`")
 def optimistic_adam(
     learning_rate: ScalarLike,
     optimism: ScalarLike | None = None,

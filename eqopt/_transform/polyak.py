@@ -16,7 +16,7 @@ from .._base import (
 )
 from .._combine import Chain
 from .._hyper import ScalarLike, ScalarOrSchedule, as_scalar, check_hyperparameter
-from .._numerics import global_norm
+from .._numerics import tree_l2_norm
 
 _VARIANTS = ("sps", "sps+")
 
@@ -69,6 +69,10 @@ class ScaleByPolyak(AbstractGradientTransformation):
     eps: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
     variant: Literal["sps", "sps+"] = eqx.field(default="sps", static=True)
 
+    # The step size reads only the updates and the value, so `params` (of any
+    # structure, as in Optax) is not checked against them.
+    params_like_updates = False
+
     @property
     def elementwise(self) -> bool:
         return True
@@ -94,14 +98,15 @@ class ScaleByPolyak(AbstractGradientTransformation):
         **extra_args: Any,
     ) -> tuple[Updates, EmptyState]:
         if value is None:
-            raise ValueError(
+            # A missing argument: a TypeError, as Python (and Optax) say.
+            raise TypeError(
                 "scale_by_polyak needs the objective's current value: call "
                 "`update(updates, state, params, value=loss)`."
             )
         gap = jnp.asarray(value) - self.f_min
         if self.variant == "sps+":
             gap = jnp.maximum(gap, 0)
-        denominator = global_norm(updates) ** 2 + self.eps
+        denominator = tree_l2_norm(updates) ** 2 + self.eps
         # A zero gradient (with eps = 0) takes no step rather than 0 * inf.
         positive = denominator > 0
         step_size = jnp.where(

@@ -123,9 +123,9 @@ class ScaleByRadam(AbstractGradientTransformation):
         )
 
         @no_type_check
-        def step(g, mu, nu):
-            mu = b1 * mu + one_minus_b1 * g
-            nu = b2 * nu + one_minus_b2 * abs_squared(g)
+        def step(g, mu_old, nu_old):
+            mu = (b1 * mu_old + one_minus_b1 * g).astype(mu_old.dtype)
+            nu = (b2 * nu_old + one_minus_b2 * abs_squared(g)).astype(nu_old.dtype)
             if self.nesterov:
                 mu_hat = b1 * debias(mu, next_correction1) + debias(
                     one_minus_b1 * g, correction1
@@ -134,7 +134,9 @@ class ScaleByRadam(AbstractGradientTransformation):
                 mu_hat = debias(mu, correction1)
             nu_hat = debias(nu, correction2)
             adaptive = rectification * mu_hat / (eps + jnp.sqrt(eps_root + nu_hat))
-            return jnp.where(rectified, adaptive, mu_hat), mu, nu
+            # `b2**count` is a strong float32 under jit (an int32 power): the
+            # update keeps the gradient's dtype, the moments their own.
+            return jnp.where(rectified, adaptive, mu_hat).astype(g.dtype), mu, nu
 
         updates, mu, nu = leafwise(step, updates, state.mu, state.nu, n_out=3)
         return updates, ScaleByAdamState(count=count, mu=mu, nu=nu)

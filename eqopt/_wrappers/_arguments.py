@@ -107,6 +107,27 @@ def bind_arguments(
     return arguments
 
 
+def _is_static_by_signature(parameter: inspect.Parameter | None, value: Any) -> bool:
+    """An argument that cannot be a leaf, as the factory's signature says.
+
+    An argument annotated `int` (a number of iterations, a rank) decides a shape
+    or a loop, and an argument whose default is a function (`clip_value_fn`) is a
+    function, not a schedule of the step count: both are passed through
+    unchanged, as if listed in `static_args`.
+    """
+    if parameter is None:
+        return False
+    if parameter.annotation in (int, "int") and isinstance(value, (int, np.integer)):
+        return True
+    default = parameter.default
+    return (
+        callable(value)
+        and default is not inspect.Parameter.empty
+        and callable(default)
+        and not is_stateful_schedule(default)
+    )
+
+
 def _sort_arguments(
     factory: Callable,
     signature: inspect.Signature,
@@ -119,7 +140,12 @@ def _sort_arguments(
     hyperparams, schedules, other_args = {}, {}, {}
     parameters = signature.parameters
     for name, value in arguments.items():
-        if name in static or isinstance(value, (bool, np.bool_)):
+        parameter = parameters.get(name)
+        if (
+            name in static
+            or isinstance(value, (bool, np.bool_))
+            or _is_static_by_signature(parameter, value)
+        ):
             other_args[name] = value
         elif is_stateful_schedule(value):
             if not allow_stateful:

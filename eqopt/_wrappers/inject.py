@@ -24,6 +24,7 @@ from .._base import (
     Updates,
     is_trainable,
 )
+from .._deprecation import deprecated
 from .._hyper import Schedule
 from .._numerics import safe_int32_increment
 from ..schedules._stateful import as_stateful, is_stateful_schedule
@@ -467,6 +468,7 @@ def inject_hyperparams(
     return functools.wraps(inner_factory, updated=())(make)
 
 
+@deprecated("`eqopt.inject_hyperparams` (it takes stateful schedules too)")
 def inject_stateful_hyperparams(
     inner_factory: Callable[..., Any],
     static_args: str | Iterable[str] = (),

@@ -9,7 +9,7 @@ from .._base import (
     Updates,
     leafwise,
 )
-from .._numerics import global_norm
+from .._numerics import tree_l2_norm
 
 #: The state of [`eqopt.contrib.Normalize`][] (Optax's name for an empty state).
 NormalizeState = EmptyState
@@ -43,7 +43,7 @@ class Normalize(AbstractGradientTransformation):
         params: Params | None = None,
         **extra_args: Any,
     ) -> tuple[Updates, EmptyState]:
-        norm = global_norm(updates)
+        norm = tree_l2_norm(updates)
         return leafwise(lambda g: g / norm.astype(g.dtype), updates), state
 
 

@@ -8,6 +8,7 @@ log-probability is $-\\infty$.
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
+from .._deprecation import deprecated
 from ._utils import expand_where, normalize_axes, same_shapes
 
 
@@ -151,6 +152,7 @@ def generalized_kl_divergence(
     return jnp.sum(terms - targets + jnp.exp(log_predictions), axis=axes)
 
 
+@deprecated("`eqopt.losses.generalized_kl_divergence`")
 @same_shapes("log_predictions", "targets", "where")
 def convex_kl_divergence(
     log_predictions: Float[ArrayLike, "*shape"],

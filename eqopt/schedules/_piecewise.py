@@ -1,6 +1,7 @@
 """Piecewise schedules (constant and interpolated) and the one-cycle policies."""
 
 import math
+from typing import Literal
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -170,7 +171,7 @@ class PiecewiseInterpolateSchedule(AbstractSchedule):
     `{step: scale}` dictionary.
     """
 
-    interpolate_type: str = eqx.field(static=True)
+    interpolate_type: Literal["linear", "cosine"] = eqx.field(static=True)
     init_value: Float[Array, ""] = eqx.field(converter=as_scalar)
     boundaries: tuple[int, ...] = eqx.field(
         static=True, converter=_as_static_ints, default=()
@@ -192,7 +193,7 @@ class PiecewiseInterpolateSchedule(AbstractSchedule):
 
 
 def piecewise_interpolate_schedule(
-    interpolate_type: str,
+    interpolate_type: Literal["linear", "cosine"],
     init_value: Real[ArrayLike, ""],
     boundaries_and_scales: dict[int, Real[ArrayLike, ""]] | None = None,
 ) -> PiecewiseInterpolateSchedule:

@@ -10,6 +10,8 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Float, Inexact, PyTree
 
+from .._deprecation import deprecated
+
 #: A loss `loss(params, inputs, targets)` returning a real scalar.
 LossFn: TypeAlias = Callable[[Any, Any, Any], Float[Array, ""]]
 #: Shaped like the params: an inexact array at every trainable leaf, `None` elsewhere.
@@ -63,6 +65,7 @@ def _tangent(v: Any, dynamic: Any) -> Any:
     return jax.tree.map(lambda t, p: t.astype(p.dtype), v, dynamic)
 
 
+@deprecated("`jax.jvp` of `jax.grad` (forward over reverse)")
 def hvp(
     loss: LossFn,
     v: Inexact[Array, " d"] | PyTree[Any],
@@ -104,6 +107,7 @@ def hvp(
     return jax.jvp(grad_fn, (dynamic,), (tangent,))[1]
 
 
+@deprecated("the diagonal of `jax.hessian`")
 def hessian_diag(
     loss: LossFn,
     params: PyTree[Any],
@@ -165,6 +169,7 @@ def _hessian_diag(loss, dynamic, static, inputs, targets, batch_size):
     return unravel(diagonal)
 
 
+@deprecated("the mean of squared per-example gradients from `jax.vmap(jax.grad(loss))`")
 def fisher_diag(
     negative_log_likelihood: LossFn,
     params: PyTree[Any],
