@@ -49,6 +49,7 @@ if _TYPE_CHECKING:
         adamaxw as adamaxw,
         adamw as adamw,
         amsgrad as amsgrad,
+        lars as lars,
         nadam as nadam,
         nadamw as nadamw,
         rmsprop as rmsprop,
@@ -238,47 +239,33 @@ if _TYPE_CHECKING:
         TransformUpdateExtraArgsFn as TransformUpdateExtraArgsFn,
         TransformUpdateFn as TransformUpdateFn,
     )
-    from ._wrappers import (
+    from ._wrappers.accumulation import (
         ApplyEvery as ApplyEvery,
         ApplyEveryState as ApplyEveryState,
-        ApplyIfFinite as ApplyIfFinite,
-        ApplyIfFiniteState as ApplyIfFiniteState,
+        MultiSteps as MultiSteps,
+        MultiStepsState as MultiStepsState,
+        ShouldSkipUpdateFunction as ShouldSkipUpdateFunction,
+        apply_every as apply_every,
+    )
+    from ._wrappers.conditional import (
         ConditionallyMask as ConditionallyMask,
         ConditionallyMaskState as ConditionallyMaskState,
         ConditionallyTransform as ConditionallyTransform,
         ConditionallyTransformState as ConditionallyTransformState,
-        DifferentiallyPrivateAggregate as DifferentiallyPrivateAggregate,
-        DifferentiallyPrivateAggregateState as DifferentiallyPrivateAggregateState,
-        Flatten as Flatten,
-        FlattenState as FlattenState,
-        Lookahead as Lookahead,
-        LookaheadParams as LookaheadParams,
-        LookaheadState as LookaheadState,
-        MeasureWithEma as MeasureWithEma,
-        MeasureWithEmaState as MeasureWithEmaState,
-        Monitor as Monitor,
-        MonitorState as MonitorState,
-        MultiSteps as MultiSteps,
-        MultiStepsState as MultiStepsState,
-        ShouldSkipUpdateFunction as ShouldSkipUpdateFunction,
-        Snapshot as Snapshot,
-        SnapshotState as SnapshotState,
-        apply_every as apply_every,
-        apply_if_finite as apply_if_finite,
         conditionally_mask as conditionally_mask,
         conditionally_transform as conditionally_transform,
-        differentially_private_aggregate as differentially_private_aggregate,
-        dpsgd as dpsgd,
-        flatten as flatten,
-        lookahead as lookahead,
-        measure_with_ema as measure_with_ema,
-        microbatch as microbatch,
-        monitor as monitor,
-        per_example_global_norm_clip as per_example_global_norm_clip,
-        per_example_layer_norm_clip as per_example_layer_norm_clip,
+    )
+    from ._wrappers.finite import (
+        ApplyIfFinite as ApplyIfFinite,
+        ApplyIfFiniteState as ApplyIfFiniteState,
+        apply_if_finite as apply_if_finite,
         skip_large_updates as skip_large_updates,
         skip_not_finite as skip_not_finite,
-        snapshot as snapshot,
+    )
+    from ._wrappers.flatten import (
+        Flatten as Flatten,
+        FlattenState as FlattenState,
+        flatten as flatten,
     )
     from ._wrappers.inject import (
         InjectHyperparams as InjectHyperparams,
@@ -288,6 +275,12 @@ if _TYPE_CHECKING:
         inject_hyperparams as inject_hyperparams,
         inject_stateful_hyperparams as inject_stateful_hyperparams,
     )
+    from ._wrappers.lookahead import (
+        Lookahead as Lookahead,
+        LookaheadParams as LookaheadParams,
+        LookaheadState as LookaheadState,
+        lookahead as lookahead,
+    )
     from ._wrappers.masked import (
         Freeze as Freeze,
         Masked as Masked,
@@ -296,6 +289,28 @@ if _TYPE_CHECKING:
         freeze as freeze,
         masked as masked,
         selective_transform as selective_transform,
+    )
+    from ._wrappers.microbatch import (
+        microbatch as microbatch,
+    )
+    from ._wrappers.monitor import (
+        MeasureWithEma as MeasureWithEma,
+        MeasureWithEmaState as MeasureWithEmaState,
+        Monitor as Monitor,
+        MonitorState as MonitorState,
+        Snapshot as Snapshot,
+        SnapshotState as SnapshotState,
+        measure_with_ema as measure_with_ema,
+        monitor as monitor,
+        snapshot as snapshot,
+    )
+    from ._wrappers.privacy import (
+        DifferentiallyPrivateAggregate as DifferentiallyPrivateAggregate,
+        DifferentiallyPrivateAggregateState as DifferentiallyPrivateAggregateState,
+        differentially_private_aggregate as differentially_private_aggregate,
+        dpsgd as dpsgd,
+        per_example_global_norm_clip as per_example_global_norm_clip,
+        per_example_layer_norm_clip as per_example_layer_norm_clip,
     )
     from .losses import (
         convex_kl_divergence as convex_kl_divergence,
@@ -382,7 +397,6 @@ if _TYPE_CHECKING:
         ScaleByTrustRatio as ScaleByTrustRatio,
         fromage as fromage,
         lamb as lamb,
-        lars as lars,
         scale_by_trust_ratio as scale_by_trust_ratio,
     )
 

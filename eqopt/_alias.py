@@ -20,6 +20,8 @@ from ._transform.basic import Identity, ScaleByLearningRate
 from ._transform.decay import AddDecayedWeights
 from ._transform.momentum import Trace
 from ._transform.rms import ScaleByRms, ScaleByRss, ScaleByStddev
+from ._transform.trust_ratio import ScaleByTrustRatio
+from ._wrappers.masked import Masked
 
 
 def _momentum(
@@ -497,4 +499,63 @@ def adagrad(
     return Chain(
         ScaleByRss(initial_accumulator_value=initial_accumulator_value, eps=eps),
         ScaleByLearningRate(learning_rate=learning_rate),
+    )
+
+
+def lars(
+    learning_rate: ScalarOrSchedule,
+    weight_decay: ScalarOrSchedule = 0.0,
+    weight_decay_mask: FilterSpec | None = True,
+    trust_coefficient: ScalarLike = 0.001,
+    eps: ScalarLike = 0.0,
+    trust_ratio_mask: FilterSpec | None = True,
+    momentum: ScalarLike = 0.9,
+    nesterov: bool = False,
+) -> Chain:
+    r"""LARS: SGD with momentum on weight-decayed gradients rescaled by a per-layer trust ratio.
+
+    $$
+    r_t = g_t + \lambda\, \theta_{t-1}, \qquad
+    m_t = \mu\, m_{t-1} - \eta_t\, c\, \frac{\|\theta_{t-1}\|}{\|r_t\| + \epsilon}\, r_t,
+    \qquad u_t = m_t
+    $$
+
+    per leaf (the ratio is 1 where a norm is zero; with `nesterov`, $u_t = -\eta_t
+    c\,(\dots) + \mu\, m_t$). The chain is [`eqopt.AddDecayedWeights`][],
+    [`eqopt.Masked`][] [`eqopt.ScaleByTrustRatio`][],
+    [`eqopt.ScaleByLearningRate`][], [`eqopt.Trace`][]; `update` needs
+    `params`.
+
+    `weight_decay_mask` and `trust_ratio_mask` are Equinox filter specs (a
+    bool, a per-leaf predicate such as `lambda x: x.ndim > 1`, or a prefix
+    pytree of these; a full boolean pytree still works). Unlike Optax, a
+    callable is always a per-leaf predicate, never a function of the whole
+    params. The paper excludes biases and normalisation scales from both, for
+    example with `lambda x: x.ndim > 1`.
+
+    **Arguments:**
+
+    - `learning_rate`: $\eta$, a number or a schedule of the step count.
+    - `weight_decay`: $\lambda$, a number or a schedule.
+    - `weight_decay_mask`: the filter spec of the leaves to decay (default: all).
+    - `trust_coefficient`: $c$.
+    - `eps`: $\epsilon$, added to the norm of $r_t$.
+    - `trust_ratio_mask`: the filter spec of the leaves rescaled by the trust
+      ratio (default: all; `None` also means all).
+    - `momentum`: $\mu$.
+    - `nesterov`: use Nesterov momentum.
+
+    **Returns:** an [`eqopt.Chain`][].
+
+    **References:** You, Gitman & Ginsburg, *Large Batch Training of
+    Convolutional Networks*, arXiv:1708.03888, 2017.
+    """
+    return Chain(
+        AddDecayedWeights(weight_decay=weight_decay, mask=weight_decay_mask),
+        Masked(
+            ScaleByTrustRatio(trust_coefficient=trust_coefficient, eps=eps),
+            True if trust_ratio_mask is None else trust_ratio_mask,
+        ),
+        ScaleByLearningRate(learning_rate),
+        Trace(decay=momentum, nesterov=nesterov),
     )

@@ -2,79 +2,34 @@
 
 import abc
 import functools
-import inspect
 from collections.abc import Callable, Iterator
-from typing import Any, ClassVar, TypeAlias, no_type_check
+from typing import Any, ClassVar, no_type_check
 
 import equinox as eqx
 import jax
 import jax.core
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import PyTree
 
 from ._fused._pack import contains_packed, repack_like, unpack_all
 from ._hyper import check_fields
 from ._leaves import (
+    InexactTree as InexactTree,
+    OptState as OptState,
+    Params as Params,
+    Updates as Updates,
     drop_float0,
     first_non_inexact,
     is_none as is_none,
     is_trainable as is_trainable,
+    path_str as path_str,
 )
+from ._signatures import accepts_extra_args
 from ._structure import structure_mismatch_message as structure_mismatch_message
-
-#: Parameters: any pytree, typically a whole Equinox model. Its inexact arrays are trainable.
-Params: TypeAlias = PyTree[Any]
-
-
-class _InexactTreeMeta(type):
-    def __instancecheck__(cls, obj: Any) -> bool:
-        return first_non_inexact(obj) is None
-
-    def explain(cls, obj: Any) -> str:
-        """Why `obj` is not an `InexactTree`: the first offending leaf, by path."""
-        found = first_non_inexact(obj)
-        if found is None:
-            return ""
-        path, leaf = found
-        kind = (
-            f"an array of dtype {leaf.dtype}"
-            if eqx.is_array(leaf)
-            else f"a {type(leaf).__name__}"
-        )
-        return (
-            f"a pytree of floating or complex arrays (None where a leaf is not trained), "
-            f"but the leaf at {path} is {kind}. Pass gradients as `eqx.filter_grad` "
-            "makes them (None at non-trainable leaves), not the model itself"
-        )
-
-
-class InexactTree(metaclass=_InexactTreeMeta):
-    """The type of a pytree whose leaves are inexact arrays, `None` marking an absent leaf.
-
-    It means `PyTree[Inexact[Array, "..."] | None]` and is checked by beartype
-    like any class, in one pass over the leaves. jaxtyping's own `PyTree[...]`
-    check costs about fifty times more per leaf, and eqopt checks updates and
-    moments at every transform boundary: on a model of thousands of leaves that
-    would dominate tracing.
-    """
-
-
-#: Updates or gradients: shaped like the params, `None` where a leaf is not trainable.
-Updates: TypeAlias = InexactTree
-#: An optimiser state: an `eqx.Module` for eqopt's own transforms, any pytree otherwise.
-OptState: TypeAlias = PyTree[Any]
-
 
 # ---------------------------------------------------------------------------
 # Path-aware checks
 # ---------------------------------------------------------------------------
-
-
-@no_type_check
-def path_str(path: Any) -> str:
-    """`jax.tree_util.keystr`, with a name for the root."""
-    return jax.tree_util.keystr(tuple(path)) or "<root>"
 
 
 @no_type_check
@@ -377,14 +332,6 @@ class EmptyState(eqx.Module, metaclass=_EmptyStateMeta):
     """
 
 
-def _accepts_extra_args(fn: Callable) -> bool:
-    try:
-        parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return True
-    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
-
-
 class _AnyTransformMeta(type(eqx.Module)):
     # In Optax every transformation is a `GradientTransformation` (most are
     # `GradientTransformationExtraArgs`), and code checks
@@ -445,7 +392,7 @@ class GradientTransformation(
     ):
         self.init_fn = _one_of("init", init, "init_fn", init_fn)
         self.update_fn = _one_of("update", update, "update_fn", update_fn)
-        self.forwards_extra_args = _accepts_extra_args(self.update_fn)
+        self.forwards_extra_args = accepts_extra_args(self.update_fn)
 
     def init(self, params: Params) -> OptState:
         return self.init_fn(params)

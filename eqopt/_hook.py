@@ -12,13 +12,16 @@ checked after `__init__`) are decorated as they are defined, which is cheap.
 
 The hook rewrites the source of `eqopt.*` modules (adding the decorators) and
 caches the result beside the ordinary bytecode under its own tag, so the
-rewriting happens once per source change. This module and `_typecheck` are
+rewriting happens once per source change. The tag is derived from this file's
+own source and the optimisation level (`python -O` strips asserts), so a change
+to the rewriting, or another `-O`, never loads stale bytecode. This module and `_typecheck` are
 imported before the hook is installed, so they are not checked themselves.
 """
 
 import ast
 import dataclasses
 import functools
+import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -31,8 +34,20 @@ import jaxtyping
 
 from ._typecheck import call_error, typechecker
 
-# Changing how the source is rewritten changes this, so stale caches are ignored.
-_CACHE_TAG = "eqoptcheck1"
+
+def _cache_tag() -> str:
+    """The tag of the cached, rewritten bytecode: a digest of this file, which
+    decides the rewriting, and the optimisation level it was compiled at."""
+    try:
+        with open(__file__, "rb") as file:
+            source = file.read()
+    except OSError:  # no source installed: the tag still changes with the code
+        source = marshal.dumps(_AddChecks.visit_Module.__code__)
+    digest = hashlib.sha256(source).hexdigest()[:16]
+    # `cache_from_source` takes an alphanumeric tag.
+    return f"eqoptcheck{digest}opt{sys.flags.optimize}"
+
+
 _ALIAS = "_eqopt_hook_"
 
 
@@ -162,6 +177,9 @@ class _AddChecks(ast.NodeTransformer):
 
     visit_FunctionDef = _visit_function
     visit_AsyncFunctionDef = _visit_function
+
+
+_CACHE_TAG = _cache_tag()
 
 
 class _CheckingLoader(importlib.machinery.SourceFileLoader):

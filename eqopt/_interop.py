@@ -18,12 +18,12 @@ from ._base import (
     OptState,
     Params,
     Updates,
-    _accepts_extra_args,
     as_transform,
     check_updates,
     is_none,
     is_trainable,
 )
+from ._signatures import accepts_extra_args
 
 
 class FromOptaxState(eqx.Module):
@@ -94,7 +94,7 @@ class FromOptax(AbstractGradientTransformation):
                 f"`init` and `update` methods), got {type(transform).__name__}."
             )
         self.transform = transform
-        self.forwards_extra_args = _accepts_extra_args(transform.update)
+        self.forwards_extra_args = accepts_extra_args(transform.update)
 
     @property
     def elementwise(self) -> bool:

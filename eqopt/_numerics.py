@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Inexact, Int, PyTree, Shaped
 
-from ._base import Updates, is_none
 from ._deprecation import deprecated
+from ._leaves import Updates, is_none
 
 # The per-leaf helpers below run once per leaf at trace time; their inputs were
 # checked at the public `update`, so they skip the type-check wrapper (which

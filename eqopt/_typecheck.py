@@ -89,11 +89,14 @@ _SCALAR = "a real number (a Python number or a 0-d array)"
 def _expected(annotation: Any) -> str:
     if annotation is inspect.Parameter.empty:
         return "?"
-    text = (
+    name = (
         getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
     )
+    # A jaxtyping array type is a class too; its name is cleaned up as in a union.
+    text = name if name is not None and "[" not in name else None
     if text is None:
-        text = str(annotation).replace("typing.", "").replace("jaxlib._jax.", "")
+        text = f"jaxtyping.{name}" if name is not None else str(annotation)
+        text = text.replace("typing.", "").replace("jaxlib._jax.", "")
         text = text.replace("collections.abc.", "").replace("numpy.", "np.")
         text = _JAXTYPING.sub(
             lambda m: f'{m.group(1)}[{m.group(2)}, "{m.group(3)}"]', text

@@ -6,7 +6,6 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
-from .._alias import sgd
 from .._base import (
     AbstractGradientTransformation,
     EmptyState,
@@ -17,6 +16,7 @@ from .._base import (
 from .._combine import Chain
 from .._hyper import ScalarLike, ScalarOrSchedule, as_scalar, check_hyperparameter
 from .._numerics import tree_l2_norm
+from .basic import Identity, ScaleByLearningRate
 
 _VARIANTS = ("sps", "sps+")
 
@@ -181,8 +181,10 @@ def polyak_sgd(
     AISTATS 2021; Berrada, Zisserman & Kumar, *Training Neural Networks for and
     by Interpolation*, ICML 2020.
     """
+    # `Chain(Identity(), ScaleByLearningRate(...))` is `eqopt.sgd(scaling)`, written
+    # from its parts: a transform family sits below the optimisers of `_alias`.
     return Chain(
-        sgd(learning_rate=scaling),
+        Chain(Identity(), ScaleByLearningRate(learning_rate=scaling)),
         ScaleByPolyak(
             f_min=f_min, max_learning_rate=max_learning_rate, eps=eps, variant=variant
         ),

@@ -5,13 +5,8 @@ and under its Optax lowercase name, a function with Optax's arguments and
 defaults returning that class.
 """
 
-# Optax's `optax.schedules` also holds the injection wrappers.
-from .._wrappers.inject import (  # noqa: E402
-    InjectHyperparamsState as InjectHyperparamsState,
-    InjectStatefulHyperparamsState as InjectStatefulHyperparamsState,
-    inject_hyperparams as inject_hyperparams,
-    inject_stateful_hyperparams as inject_stateful_hyperparams,
-)
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
 from ._base import (
     AbstractSchedule as AbstractSchedule,
     ConstantSchedule as ConstantSchedule,
@@ -55,3 +50,36 @@ from ._stateful import (
     AbstractStatefulSchedule as AbstractStatefulSchedule,
     WrappedSchedule as WrappedSchedule,
 )
+
+# Optax's `optax.schedules` also holds the injection wrappers. They are wrappers
+# (a layer above the schedules, which they use), so this namespace names them
+# only for type checkers and loads them on first use (PEP 562): importing
+# `eqopt.schedules` never imports `eqopt._wrappers`, which is what lets the
+# wrappers import the schedules in any order (docs/development.md, "Layers").
+if _TYPE_CHECKING:
+    from .._wrappers.inject import (
+        InjectHyperparamsState as InjectHyperparamsState,
+        InjectStatefulHyperparamsState as InjectStatefulHyperparamsState,
+        inject_hyperparams as inject_hyperparams,
+        inject_stateful_hyperparams as inject_stateful_hyperparams,
+    )
+
+_FROM_WRAPPERS = (
+    "InjectHyperparamsState",
+    "InjectStatefulHyperparamsState",
+    "inject_hyperparams",
+    "inject_stateful_hyperparams",
+)
+
+
+def __getattr__(name: str):
+    if name in _FROM_WRAPPERS:
+        from .._wrappers import inject
+
+        value = globals()[name] = getattr(inject, name)
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_FROM_WRAPPERS))

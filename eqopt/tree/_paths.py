@@ -16,7 +16,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._base import is_none as is_none, path_str as path_str
+from .._leaves import is_none as is_none, path_str as path_str
 
 KeyPath: TypeAlias = tuple[Any, ...]
 

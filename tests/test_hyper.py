@@ -1,0 +1,167 @@
+"""Hyperparameter fields (`eqopt/_hyper.py`): the converters, `check_fields` and the range checks."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jaxtyping import Array, Float, Int
+
+import eqopt
+from eqopt import _hyper
+from eqopt._hyper import (
+    Scalar,
+    Schedule,
+    as_int_scalar,
+    as_number,
+    as_optional_scalar,
+    as_optional_scalar_or_schedule,
+    as_scalar,
+    as_scalar_or_schedule,
+    check_decays,
+    check_fields,
+    check_hyperparameter,
+    is_concrete,
+)
+
+
+class Fields(eqx.Module):
+    rate: Scalar = eqx.field(default=0.1, converter=as_scalar)
+    maybe: Scalar | None = eqx.field(default=None, converter=as_optional_scalar)
+    scheduled: Scalar | Schedule = eqx.field(
+        default=1.0, converter=as_scalar_or_schedule
+    )
+    either: Scalar | Schedule | None = eqx.field(
+        default=None, converter=as_optional_scalar_or_schedule
+    )
+    steps: Int[Array, ""] = eqx.field(default=3, converter=as_int_scalar)
+    static: int = eqx.field(default=2, static=True)
+
+    def __check_init__(self):
+        check_fields(self)
+
+
+@pytest.mark.parametrize("value", [0.5, 1, np.float32(0.5), np.int64(2), np.array(0.5)])
+def test_as_scalar_gives_a_float_scalar(value):
+    out = as_scalar(value)
+    assert eqx.is_array(out) and out.shape == () and out.dtype == jnp.float32
+    assert float(out) == float(value)
+
+
+def test_python_numbers_stay_weakly_typed():
+    # A weak type does not promote a bfloat16 moment to float32.
+    assert as_scalar(0.9).weak_type and as_scalar(1).weak_type
+    moment = jnp.ones(3, jnp.bfloat16)
+    assert (as_scalar(0.9) * moment).dtype == jnp.bfloat16
+
+
+def test_converters_leave_what_they_cannot_convert_for_check_fields():
+    schedule = eqopt.constant_schedule(1.0)
+    assert as_scalar_or_schedule(schedule) is schedule
+    assert as_optional_scalar(None) is None
+    # (Called unchecked, as `check_fields` sees a field set by `eqx.tree_at`.)
+    assert _hyper._to_scalar("x") == "x"
+    assert _hyper._to_scalar(True) is True
+
+
+def test_as_int_scalar_and_as_number_keep_integers():
+    assert as_int_scalar(3).dtype == jnp.int32
+    assert as_int_scalar(np.array(4)).dtype == jnp.int32
+    assert as_number(np.int64(5)).dtype == jnp.int32
+    assert as_number(2.5).dtype == jnp.float32
+
+
+def test_a_module_of_fields_converts_and_checks():
+    module = Fields(rate=1, maybe=2.0, scheduled=lambda count: 0.1, steps=4)
+    assert module.rate.dtype == jnp.float32 and module.steps.dtype == jnp.int32
+    assert callable(module.scheduled) and module.either is None
+    # Dynamic leaves: filtering for arrays keeps every hyperparameter.
+    leaves = jax.tree.leaves(eqx.filter(module, eqx.is_array))
+    assert len(leaves) == 3
+
+
+def test_the_constructor_refuses_through_the_converter_annotation():
+    # What a user sees: the converter's argument annotation, checked by the hook
+    # when eqopt's own Module is built, names the class and the field.
+    with pytest.raises(
+        eqopt.ArgumentTypeError,
+        match=r"ScaleByAdam: argument `b1` must be a real number .*got str 'x'",
+    ):
+        eqopt.ScaleByAdam(b1="x")  # pyright: ignore[reportArgumentType]
+    with pytest.raises(ValueError, match="`b1` must be finite, got nan"):
+        eqopt.ScaleByAdam(b1=float("nan"))
+
+
+def _replaced(field: str, value):
+    # A module whose field holds what no converter would give it (as after
+    # `eqx.tree_at`), for `check_fields` to judge.
+    return eqx.tree_at(lambda m: getattr(m, field), Fields(), value)
+
+
+@pytest.mark.parametrize(
+    "field, value, error, message",
+    [
+        (
+            "rate",
+            "0.1",
+            TypeError,
+            "`rate` must be a real number.*got str.*not a string",
+        ),
+        ("rate", jnp.ones(2), TypeError, r"`rate`.*shape \(2,\).*jax.vmap"),
+        ("rate", jnp.asarray(True), TypeError, "`rate` must be a real number"),
+        ("rate", jnp.asarray(1j), TypeError, "`rate` must be a real number"),
+        ("steps", jnp.asarray(1.5), TypeError, "`steps` must be an integer"),
+        ("rate", jnp.asarray(jnp.inf), ValueError, "`rate` must be finite, got inf"),
+    ],
+)
+def test_check_fields_names_the_class_and_field(field, value, error, message):
+    with pytest.raises(error, match=f"Fields: hyperparameter {message}"):
+        check_fields(_replaced(field, value))
+
+
+def test_check_fields_lets_schedules_and_none_through_where_allowed():
+    check_fields(_replaced("scheduled", lambda count: 0.1))
+    with pytest.raises(TypeError, match="`rate`"):
+        check_fields(_replaced("rate", lambda count: 0.1))
+
+
+def test_traced_values_are_checked_for_kind_only():
+    @jax.jit
+    def build(rate):
+        module = Fields(rate=rate)
+        check_hyperparameter("rate", module.rate, low=0.0, high=0.5)
+        return module.rate
+
+    assert float(build(jnp.asarray(0.9))) == pytest.approx(0.9)
+    assert is_concrete(jnp.ones(())) and not is_concrete(1.0)
+
+
+@pytest.mark.parametrize(
+    "value, kwargs, ok",
+    [
+        (0.0, {"low": 0.0}, True),
+        (0.0, {"low": 0.0, "low_inclusive": False}, False),
+        (1.0, {"high": 1.0}, False),
+        (1.0, {"high": 1.0, "high_inclusive": True}, True),
+        (float("inf"), {}, False),
+        (float("inf"), {"finite": False}, True),
+    ],
+)
+def test_check_hyperparameter_intervals(value, kwargs, ok):
+    if ok:
+        check_hyperparameter("h", jnp.asarray(value), **kwargs)
+    else:
+        with pytest.raises(ValueError, match="Hyperparameter `h` must be"):
+            check_hyperparameter("h", jnp.asarray(value), **kwargs)
+
+
+def test_check_decays_and_its_use_in_a_transform():
+    class Decays(eqx.Module):
+        b1: Float[Array, ""] = eqx.field(converter=as_scalar)
+
+    check_decays(Decays(b1=0.9), "b1")
+    check_decays(Decays(b1=1.0), "b1", high_inclusive=True)
+    with pytest.raises(ValueError, match=r"`b1` must be in \[0.0, 1.0\), got 1.0"):
+        check_decays(Decays(b1=1.0), "b1")
+    with pytest.raises(ValueError, match="`b2`"):
+        eqopt.scale_by_adam(b2=1.5)
