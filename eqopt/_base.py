@@ -430,31 +430,6 @@ def _one_of(name: str, value: Any, old_name: str, old_value: Any) -> Callable:
 GradientTransformationExtraArgs = GradientTransformation
 
 
-def as_transform(transform: Any) -> AbstractGradientTransformation:
-    """Accepts an eqopt transform, or wraps any object with `init` and `update`.
-
-    An Optax transformation is wrapped with [`eqopt.from_optax`][], so that it
-    sees only the trainable leaves of a whole Equinox model; any other object
-    with `init` and `update` is wrapped in [`eqopt.GradientTransformation`][].
-    """
-    if isinstance(transform, AbstractGradientTransformation):
-        return transform
-    if type(transform).__module__.split(".")[0] == "optax":
-        # An Optax transform expects a tree of arrays; `from_optax` gives it the
-        # trainable leaves of a whole model. Imported here: `_interop` sits above
-        # this module (see "Layers" in docs/development.md).
-        from ._interop import FromOptax
-
-        return FromOptax(transform)
-    if callable(getattr(transform, "init", None)) and callable(
-        getattr(transform, "update", None)
-    ):
-        return GradientTransformation(transform.init, transform.update)
-    raise TypeError(
-        f"Expected a gradient transformation, got {type(transform).__name__}."
-    )
-
-
 # ---------------------------------------------------------------------------
 # Leafwise helpers used by the transforms
 # ---------------------------------------------------------------------------

@@ -16,7 +16,6 @@ from ._base import (
     OptState,
     Params,
     Updates,
-    as_transform,
     check_updates,
     is_none,
     is_trainable,
@@ -34,6 +33,7 @@ from ._filters import (
     resolve_filter,
     warn_if_selects_nothing,
 )
+from ._interop import as_transform
 
 
 def _snake_case(name: str) -> str:

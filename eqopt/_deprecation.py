@@ -3,11 +3,14 @@
 import functools
 import warnings
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, no_type_check
 
 _Function = TypeVar("_Function", bound=Callable[..., Any])
 
 
+# Not type-checked: the warning must point at the caller, with no checking
+# wrapper between.
+@no_type_check
 def deprecated(replacement: str) -> Callable[[_Function], _Function]:
     """Makes a function warn, as Optax's does, that `replacement` replaces it.
 

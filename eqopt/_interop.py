@@ -15,10 +15,10 @@ from jaxtyping import PyTree
 
 from ._base import (
     AbstractGradientTransformation,
+    GradientTransformation,
     OptState,
     Params,
     Updates,
-    as_transform,
     check_updates,
     is_none,
     is_trainable,
@@ -216,3 +216,25 @@ def to_optax(transform: Any) -> OptaxTransformation:
         return transform.update(updates, state, params, **extra_args)
 
     return OptaxTransformation(init=init, update=update)
+
+
+def as_transform(transform: Any) -> AbstractGradientTransformation:
+    """Accepts an eqopt transform, or wraps any object with `init` and `update`.
+
+    An Optax transformation is wrapped with [`eqopt.from_optax`][], so that it
+    sees only the trainable leaves of a whole Equinox model; any other object
+    with `init` and `update` is wrapped in [`eqopt.GradientTransformation`][].
+    """
+    if isinstance(transform, AbstractGradientTransformation):
+        return transform
+    if type(transform).__module__.split(".")[0] == "optax":
+        # An Optax transform expects a tree of arrays; `from_optax` gives it the
+        # trainable leaves of a whole model.
+        return FromOptax(transform)
+    if callable(getattr(transform, "init", None)) and callable(
+        getattr(transform, "update", None)
+    ):
+        return GradientTransformation(transform.init, transform.update)
+    raise TypeError(
+        f"Expected a gradient transformation, got {type(transform).__name__}."
+    )

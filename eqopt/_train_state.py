@@ -12,8 +12,8 @@ from ._base import (
     OptState,
     Params,
     Updates,
-    as_transform,
 )
+from ._interop import as_transform
 from ._numerics import safe_int32_increment
 
 

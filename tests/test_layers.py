@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "eqopt._hook",
             "eqopt._leaves",
             "eqopt._signatures",
+            "eqopt._deprecation",
             "eqopt._structure",
             "eqopt._hyper",
             "eqopt._defaults",
@@ -103,8 +104,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     ),
     (
         "optimisers",
-        "optimisers that combine transforms and wrappers, and `eqopt.contrib`",
-        ("eqopt._alias", "eqopt.contrib", "eqopt.contrib.*"),
+        "optimisers that combine transforms and wrappers, `eqopt.contrib`, and "
+        "reading an optimiser's current hyperparameters",
+        ("eqopt._alias", "eqopt.contrib", "eqopt.contrib.*", "eqopt._current"),
     ),
 ]
 

@@ -11,8 +11,8 @@ from .._base import (
     OptState,
     Params,
     Updates,
-    as_transform,
 )
+from .._interop import as_transform
 from .._leaves import is_none
 from ._pack import (
     Packed,

@@ -14,7 +14,6 @@ from .._base import (
     OptState,
     Params,
     Updates,
-    as_transform,
     check_updates,
     is_none,
     leafwise,
@@ -28,6 +27,7 @@ from .._hyper import (
     as_scalar,
     check_hyperparameter,
 )
+from .._interop import as_transform
 from .._numerics import safe_int32_increment
 from .._scheduled import (
     ScaleByScheduleState,

@@ -16,8 +16,9 @@ import jax
 import numpy as np
 from jaxtyping import Array
 
-from .._base import AbstractGradientTransformation, as_transform
+from .._base import AbstractGradientTransformation
 from .._hyper import Schedule, as_number
+from .._interop import as_transform
 from ..schedules._stateful import is_stateful_schedule
 
 

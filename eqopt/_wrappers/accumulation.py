@@ -18,12 +18,12 @@ from .._base import (
     OptState,
     Params,
     Updates,
-    as_transform,
     is_trainable,
     leafwise,
     zeros_like_trainable,
 )
 from .._hyper import Schedule, as_int_scalar, check_hyperparameter, is_concrete
+from .._interop import as_transform
 from .._numerics import safe_int32_increment
 from ._control import cast_like, filter_cond, zeros_like_output
 from .finite import skip_large_updates, skip_not_finite

@@ -7,7 +7,8 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from .._base import AbstractGradientTransformation, Params, Updates, as_transform
+from .._base import AbstractGradientTransformation, Params, Updates
+from .._interop import as_transform
 from .._numerics import safe_int32_increment
 from ._control import cast_like, filter_cond, zeros_like_output
 

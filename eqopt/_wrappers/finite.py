@@ -7,8 +7,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Int, PyTree, Real
 
-from .._base import AbstractGradientTransformation, Params, Updates, as_transform
+from .._base import AbstractGradientTransformation, Params, Updates
 from .._hyper import as_int_scalar, check_hyperparameter
+from .._interop import as_transform
 from .._numerics import abs_squared, safe_int32_increment
 from ._control import select, zeros_like_output
 

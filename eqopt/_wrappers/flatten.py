@@ -11,11 +11,11 @@ from .._base import (
     AbstractGradientTransformation,
     Params,
     Updates,
-    as_transform,
     check_updates,
     is_none,
     is_trainable,
 )
+from .._interop import as_transform
 
 
 @no_type_check

@@ -13,12 +13,12 @@ from .._base import (
     AbstractGradientTransformation,
     Params,
     Updates,
-    as_transform,
     check_updates,
     is_none,
     is_trainable,
 )
 from .._hyper import ScalarLike, as_scalar, check_hyperparameter, is_concrete
+from .._interop import as_transform
 from ._control import select
 
 

@@ -12,7 +12,6 @@ from .._base import (
     OptState,
     Params,
     Updates,
-    as_transform,
     is_none,
 )
 from .._filters import (
@@ -23,6 +22,7 @@ from .._filters import (
     select_trainable,
     warn_if_selects_nothing,
 )
+from .._interop import as_transform
 from .._transform.basic import SetToZero
 
 

@@ -14,10 +14,10 @@ from .._base import (
     EmptyState,
     Params,
     Updates,
-    as_transform,
     is_trainable,
 )
 from .._hyper import ScalarLike, as_scalar, check_decays
+from .._interop import as_transform
 from .._numerics import safe_int32_increment
 from ._control import zeros_like_output
 

@@ -11,9 +11,9 @@ from .._base import (
     AbstractGradientTransformation,
     Params,
     Updates,
-    as_transform,
     is_none,
 )
+from .._interop import as_transform
 
 
 class _RealAndImaginary(eqx.Module):

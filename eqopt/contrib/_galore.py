@@ -14,7 +14,6 @@ from .._base import (
     OptState,
     Params,
     Updates,
-    as_transform,
     is_none,
     is_trainable,
     structure_mismatch_message,
@@ -22,6 +21,7 @@ from .._base import (
 from .._combine import Chain
 from .._filters import FilterSpec
 from .._hyper import ScalarLike, ScalarOrSchedule, as_scalar
+from .._interop import as_transform
 from .._numerics import safe_int32_increment
 from .._transform.adam import ScaleByAdam
 from .._transform.basic import ScaleByLearningRate

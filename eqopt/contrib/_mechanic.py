@@ -11,11 +11,11 @@ from .._base import (
     OptState,
     Params,
     Updates,
-    as_transform,
     leafwise,
     zeros_like_trainable,
 )
 from .._hyper import ScalarLike, as_scalar, check_hyperparameter
+from .._interop import as_transform
 from .._numerics import safe_int32_increment
 from ._reductions import (
     cast_to,

@@ -14,11 +14,11 @@ from .._base import (
     OptState,
     Params,
     Updates,
-    as_transform,
     is_none,
     is_trainable,
     require_params,
 )
+from .._interop import as_transform
 
 
 class SAMState(eqx.Module):

@@ -14,7 +14,6 @@ from .._base import (
     OptState,
     Params,
     Updates,
-    as_transform,
     is_none,
     is_trainable,
     leafwise,
@@ -30,6 +29,7 @@ from .._hyper import (
     as_scalar_or_schedule,
     check_hyperparameter,
 )
+from .._interop import as_transform
 from .._numerics import safe_increment
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights

@@ -14,7 +14,6 @@ from .._base import (
     OptState,
     Params,
     Updates,
-    as_transform,
     is_none,
     is_trainable,
     leafwise,
@@ -32,6 +31,7 @@ from .._hyper import (
     check_decays,
     check_hyperparameter,
 )
+from .._interop import as_transform
 from .._numerics import debias, safe_int32_increment
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights

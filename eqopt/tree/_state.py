@@ -1,5 +1,6 @@
 """Finding, reading and replacing named parts of optimiser states."""
 
+import warnings
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
@@ -337,10 +338,14 @@ def _find_by_placeholder(initable: Any, state: Any) -> Any:
     """The state `initable` builds on a params placeholder, or why it cannot be used."""
     placeholder = _ParamsPlaceholder()
     try:
-        if isinstance(initable, _Initable):
-            marked = initable.init(placeholder)
-        else:
-            marked = initable(placeholder)
+        # A placeholder holds no trainable leaf, so a mask selects none of it:
+        # that warning is about the placeholder, not about the user's mask.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "The .* selects no trainable leaf")
+            if isinstance(initable, _Initable):
+                marked = initable.init(placeholder)
+            else:
+                marked = initable(placeholder)
     except Exception as error:  # an init that inspects the params
         return (
             f"initialising on a placeholder failed ({type(error).__name__}: {error})."
