@@ -491,21 +491,10 @@ def leafwise(
                 structure_mismatch_message(updates, tree, "updates", "state")
             )
         others.append(other_leaves)
-    # A state or params tree holds arrays; a tree of settings (Muon's dimension
-    # numbers) may hold `None` anywhere.
-    holds_arrays = [any(eqx.is_array(x) for x in other) for other in others]
     for index, (u, *rest) in enumerate(zip(leaves, *others, strict=False)):
         if u is None:
             continue
-        for other, of_arrays in zip(rest, holds_arrays, strict=True):
-            if other is None and of_arrays:
-                path = _paths(updates)[index]
-                raise ValueError(
-                    f"`updates` at {path} is an array but the state (or params) holds "
-                    "nothing there: `init` saw a leaf that is not trainable (not an "
-                    "inexact array). Give that leaf no gradient (`None`), or make it "
-                    "an array before `init`."
-                )
+        for other in rest:
             if eqx.is_array(other) and other.shape != u.shape:
                 path = _paths(updates)[index]
                 raise ValueError(
@@ -513,18 +502,36 @@ def leafwise(
                     f"params) there has shape {tuple(other.shape)}: was the state made "
                     "for other params?"
                 )
+
+    @no_type_check
+    def call(index: int, u: Any, rest: list) -> Any:
+        try:
+            return fn(u, *rest)
+        except (TypeError, AttributeError) as error:
+            # A `None` where the update is an array: `init` saw a leaf that is not
+            # trainable. (A transform may keep `None` on purpose and handle it, so
+            # only a failure is reported.)
+            if not any(other is None for other in rest):
+                raise
+            raise ValueError(
+                f"`updates` at {_paths(updates)[index]} is an array but the state "
+                "(or params) holds nothing there: `init` saw a leaf that is not "
+                "trainable (not an inexact array). Give that leaf no gradient "
+                "(`None`), or make it an array before `init`."
+            ) from error
+
     if n_out is None:
         out = [
-            None if u is None else fn(u, *rest)
-            for u, *rest in zip(leaves, *others, strict=False)
+            None if u is None else call(index, u, rest)
+            for index, (u, *rest) in enumerate(zip(leaves, *others, strict=False))
         ]
         return jax.tree.unflatten(treedef, out)
     outs = []
-    for u, *rest in zip(leaves, *others, strict=False):
+    for index, (u, *rest) in enumerate(zip(leaves, *others, strict=False)):
         if u is None:
             outs.append((None, *rest[: n_out - 1]))
         else:
-            outs.append(fn(u, *rest))
+            outs.append(call(index, u, rest))
     return tuple(
         jax.tree.unflatten(treedef, [o[i] for o in outs]) for i in range(n_out)
     )
