@@ -246,12 +246,11 @@ class SelectiveTransform(AbstractGradientTransformation):
         **extra_args: Any,
     ) -> tuple[Updates, OptState]:
         reference = updates if params is None else params
-        frozen = select_trainable(self.freeze_mask, reference, what="freeze mask")
         updates, state = self._trained(reference).update(
             updates, state, params, **extra_args
         )
-        zeros, _ = SetToZero().update(keep_selected(updates, frozen), EmptyState())
-        return merge_selected(zeros, updates, frozen), state
+        updates, _ = Freeze(mask=self.freeze_mask).update(updates, EmptyState(), params)
+        return updates, state
 
 
 def selective_transform(
