@@ -6,22 +6,13 @@ import pathlib
 import re
 
 import pytest
+from test_api import NAMESPACES as API_NAMESPACES
 
 import eqopt
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-NAMESPACES = (
-    "losses",
-    "schedules",
-    "tree",
-    "projections",
-    "second_order",
-    "monte_carlo",
-    "perturbations",
-    "assignment",
-    "contrib",
-    "microbatching",
-)
+# Those of the Optax checks, and `eqopt.microbatching` (which Optax keeps elsewhere).
+NAMESPACES = (*API_NAMESPACES, "microbatching")
 
 
 def _pages() -> dict[str, str]:
