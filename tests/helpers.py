@@ -119,11 +119,13 @@ class Case:
     atol: float = 1e-5
     #: Number of steps to compare.
     steps: int = 4
-    #: Whether the transform needs `params` in `update`.
+    #: Whether the transform may need `params` in `update`; with False,
+    #: `test_update_without_params` checks it gives the same updates without them.
     needs_params: bool = True
     #: Whether the update is random (compared by statistics, not values): skip parity.
     random: bool = False
-    #: Why parity is skipped, if it is.
+    #: Why there is no parity test (required when `optax` is None or `random`):
+    #: the parity test reports it as its skip reason.
     no_parity_reason: str | None = None
 
 

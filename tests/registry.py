@@ -2,7 +2,7 @@
 
 Each family's test module, `tests/test_<family>.py`, defines `TRANSFORM_CASES`: a
 list of `helpers.Case`, one per configuration, beside the family's own tests. This
-module collects them. The generic tests in `test_registry.py` run every case:
+module collects them from every module of `tests/` that defines them. The generic tests in `test_registry.py` run every case:
 init/update on an Equinox model with non-array leaves and `None` gradients, jit
 without retrace when a hyperparameter changes, a typed state that survives
 serialisation, parity with Optax over several steps on float32, bfloat16 and
@@ -23,9 +23,11 @@ _DEFINES_CASES = re.compile(r"^TRANSFORM_CASES\s*[:=]", re.MULTILINE)
 
 
 def all_cases() -> list[Case]:
-    """The `TRANSFORM_CASES` of every `tests/test_*.py`, in file order."""
+    """The `TRANSFORM_CASES` of every module of `tests/` that defines them, in file
+    order: the family files `test_<family>.py`, and `_cases_<name>.py` for cases
+    whose behaviour tests import the registry (a module cannot do both)."""
     cases: list[Case] = []
-    for path in sorted(Path(__file__).parent.glob("test_*.py")):
+    for path in sorted(Path(__file__).parent.glob("*.py")):
         if _DEFINES_CASES.search(path.read_text()):
             cases += importlib.import_module(path.stem).TRANSFORM_CASES
     names = [case.name for case in cases]

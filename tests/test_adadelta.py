@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _regression import train_regression
+from _training import train
 from helpers import Case, as_dict, make_model, random_grads, spec_like
 
 import eqopt
@@ -86,7 +86,7 @@ def test_adadelta_first_step_is_the_ratio_of_root_mean_squares():
 
 
 def test_adadelta_trains():
-    first, last = train_regression(eqopt.adadelta())
+    first, last, _, _ = train(eqopt.adadelta(), problem="mlp-2-1")
     assert last < 0.5 * first
 
 

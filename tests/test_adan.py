@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from _regression import train_regression
+from _training import train
 from helpers import Case, as_dict, make_model, random_grads, spec_like
 
 import eqopt
@@ -96,5 +96,5 @@ def test_adan_state_keeps_the_previous_gradient():
 
 
 def test_adan_trains():
-    first, last = train_regression(eqopt.adan(1e-2))
+    first, last, _, _ = train(eqopt.adan(1e-2), problem="mlp-2-1")
     assert last < 0.2 * first

@@ -10,8 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-with jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
-    from eqopt import assignment
+from eqopt import assignment
 
 SOLVERS = {
     "hungarian_algorithm": (

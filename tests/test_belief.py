@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 import optax
-from _regression import train_regression
+from _training import train
 from helpers import Case, make_model
 
 import eqopt
@@ -41,7 +41,7 @@ TRANSFORM_CASES = [
 
 
 def test_adabelief_trains():
-    first, last = train_regression(eqopt.adabelief(1e-2))
+    first, last, _, _ = train(eqopt.adabelief(1e-2), problem="mlp-2-1")
     assert last < 0.1 * first
 
 

@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 import optax
-from _regression_problem import train
+from _training import train
 from helpers import Case, spec_like
 
 import eqopt
@@ -61,5 +61,7 @@ def test_denominator_does_not_see_the_current_gradient():
 
 
 def test_training_reduces_loss():
-    initial, final = train(eqopt.contrib.acprop(1e-2), steps=100)
+    initial, final, _, _ = train(
+        eqopt.contrib.acprop(1e-2), steps=100, problem="mlp-4-1"
+    )
     assert final < 0.5 * initial

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _regression_problem import train
+from _training import train
 from helpers import Case, spec_like
 
 import eqopt
@@ -50,5 +50,5 @@ def test_complex_parameters_are_refused_with_a_pointer():
 
 
 def test_training_reduces_loss():
-    initial, final = train(eqopt.contrib.cocob(), steps=100)
+    initial, final, _, _ = train(eqopt.contrib.cocob(), steps=100, problem="mlp-4-1")
     assert final < 0.5 * initial

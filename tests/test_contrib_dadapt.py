@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _regression_problem import train
+from _training import train
 from helpers import Case
 
 import eqopt
@@ -92,5 +92,7 @@ def test_needs_params_and_names_betas():
 
 
 def test_training_reduces_loss():
-    initial, final = train(eqopt.contrib.dadapt_adamw(), steps=100)
+    initial, final, _, _ = train(
+        eqopt.contrib.dadapt_adamw(), steps=100, problem="mlp-4-1"
+    )
     assert final < 0.5 * initial

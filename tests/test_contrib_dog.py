@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _regression_problem import train
+from _training import train
 from helpers import Case, spec_like
 
 import eqopt
@@ -109,5 +109,5 @@ def test_chain_layout_matches_optax():
 )
 def test_training_reduces_loss(make):
     # DoG starts from a step of 1e-6 times the parameter norm and warms up.
-    initial, final = train(make(), steps=100)
+    initial, final, _, _ = train(make(), steps=100, problem="mlp-4-1")
     assert final < 0.6 * initial

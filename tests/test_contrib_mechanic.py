@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _regression_problem import train
+from _training import train
 from helpers import Case
 
 import eqopt
@@ -86,7 +86,9 @@ def test_bad_num_betas_is_named():
 
 
 def test_training_reduces_loss():
-    initial, final = train(eqopt.contrib.mechanize(eqopt.adam(1e-2)), steps=100)
+    initial, final, _, _ = train(
+        eqopt.contrib.mechanize(eqopt.adam(1e-2)), steps=100, problem="mlp-4-1"
+    )
     assert final < 0.5 * initial
 
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _regression_problem import train
+from _training import train
 from helpers import Case
 
 import eqopt
@@ -126,5 +126,5 @@ def test_adapted_lower_bound_never_goes_below_the_given_one():
     ids=["momo", "momo_adam"],
 )
 def test_training_reduces_loss(make):
-    initial, final = train(make(), steps=100, pass_value=True)
+    initial, final, _, _ = train(make(), steps=100, with_value=True, problem="mlp-4-1")
     assert final < 0.5 * initial

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _small_problems import make_mlp, train
+from _training import make_mlp, train
 from helpers import Case, make_model, spec_like
 
 import eqopt

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _small_problems import train
+from _training import train
 from helpers import Case, make_model, random_grads
 
 import eqopt

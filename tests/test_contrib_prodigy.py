@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _regression_problem import train
+from _training import train
 from helpers import Case
 
 import eqopt
@@ -125,7 +125,7 @@ def test_bad_hyperparameters_name_the_argument(bad):
 
 
 def test_training_reduces_loss():
-    initial, final = train(eqopt.contrib.prodigy(), steps=100)
+    initial, final, _, _ = train(eqopt.contrib.prodigy(), steps=100, problem="mlp-4-1")
     assert final < 0.5 * initial
 
 

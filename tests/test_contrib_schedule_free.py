@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _small_problems import mse, regression_data, train
+from _training import mse, regression_data, train
 from helpers import Case, as_dict, make_model, random_grads
 
 import eqopt

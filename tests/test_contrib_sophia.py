@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _small_problems import mse, train
+from _training import mse, train
 from helpers import Case, make_model, random_grads
 
 import eqopt

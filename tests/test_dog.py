@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _regression import train_regression
+from _training import train
 from helpers import Case, make_model, random_grads
 
 import eqopt
@@ -111,7 +111,7 @@ def test_dog_state_dtypes_are_stable():
 
 
 def test_dog_trains():
-    first, last = train_regression(_descending_dog(eqopt, reps_rel=1e-4))
+    first, last, _, _ = train(_descending_dog(eqopt, reps_rel=1e-4), problem="mlp-2-1")
     assert last < 0.5 * first
 
 

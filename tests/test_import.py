@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+from test_api_pages import NAMESPACES
+
 
 def _run(code: str) -> str:
     result = subprocess.run(
@@ -114,20 +116,6 @@ def test_every_name_in_the_table_exists():
     assert len(names) > 300
     missing = [name for name in names if not hasattr(eqopt, name)]
     assert missing == []
-
-
-NAMESPACES = (
-    "losses",
-    "schedules",
-    "tree",
-    "projections",
-    "second_order",
-    "contrib",
-    "monte_carlo",
-    "perturbations",
-    "assignment",
-    "microbatching",
-)
 
 
 def test_every_public_name_works_as_the_first_thing_touched():

@@ -17,7 +17,7 @@ from registry import ALL_CASES, build
 import eqopt
 
 # The registry cases of `from_optax` are in `_cases_interop.py` (a test module
-# that defines cases cannot also import the registry).
+# that defines cases cannot also import the registry; registry.py collects it).
 CASE_IDS = [case.name for case in ALL_CASES]
 
 

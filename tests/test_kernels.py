@@ -64,6 +64,12 @@ def test_no_more_distinct_kernels_than_optax(name):
 
     expected = _distinct_kernels(optax_step, PARAMS, reference_state, GRADS)
     got = _distinct_kernels(eqopt_step, arrays, PARAMS, state, GRADS)
+    # Zero means XLA's text no longer names its fusions the way `_distinct_kernels`
+    # reads them (then `got <= expected + 2` would pass whatever eqopt compiles).
+    assert expected > 0 and got > 0, (
+        f"counted {got} eqopt and {expected} Optax kernels: the compiled HLO text "
+        "names no `%fused_computation`; update `_distinct_kernels`"
+    )
     # Two spare: eqopt may compile one or two scalar kernels of its own (the
     # step count's increment) or give the very first leaf a kernel of its own.
     # Kernels that differ by leaf shape would add one per shape (six here).

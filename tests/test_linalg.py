@@ -12,15 +12,12 @@ import optax
 import pytest
 from helpers import assert_tree_allclose
 
-# Imported under the checking hook so the annotations are enforced here even
-# before `eqopt/__init__.py` imports this module.
-with jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
-    from eqopt._linalg import (
-        matrix_inverse_pth_root,
-        nnls,
-        power_iteration,
-        scale_gradient,
-    )
+from eqopt._linalg import (
+    matrix_inverse_pth_root,
+    nnls,
+    power_iteration,
+    scale_gradient,
+)
 
 
 def _psd(size, seed=0):

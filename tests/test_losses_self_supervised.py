@@ -58,3 +58,48 @@ def test_difference_triplet_odd_degree():
         anchors, positives, negatives, norm_degree=1, eps=0.0
     )
     assert not jnp.allclose(ours, theirs)
+
+
+# ---------------------------------------------------------------------------
+# Issue 7: triplet gradients.
+
+
+def test_triplet_margin_loss_gradient_matches_optax_for_even_degrees():
+    keys = jax.random.split(jax.random.key(3), 3)
+    anchors, positives, negatives = (_normal(k, (8, 6)) for k in keys)
+
+    def gradient(loss, **kwargs):
+        total = lambda a, p, n: jnp.sum(loss(a, p, n, **kwargs))
+        return jax.grad(total, argnums=(0, 1, 2))(anchors, positives, negatives)
+
+    for kwargs in ({}, {"norm_degree": 4}, {"axis": 0, "margin": 0.5}):
+        assert_tree_allclose(
+            gradient(losses.triplet_margin_loss, **kwargs),
+            gradient(optax.losses.triplet_margin_loss, **kwargs),
+            rtol=1e-5,
+            atol=1e-6,
+        )
+
+
+def test_difference_triplet_odd_degree_gradient():
+    """The "max abs error 2" of issue 7: with `norm_degree=1` Optax differentiates
+    the signed sum `sum(a - p)`, a gradient of +-1 per entry where the L1 distance
+    has `sign(a - p)`."""
+    keys = jax.random.split(jax.random.key(3), 3)
+    anchors, positives, negatives = (_normal(k, (8, 6)) for k in keys)
+
+    def gradient(loss):
+        total = lambda a: jnp.sum(loss(a, positives, negatives, norm_degree=1, eps=0.0))
+        return jax.grad(total)(anchors)
+
+    ours = gradient(losses.triplet_margin_loss)
+    theirs = gradient(optax.losses.triplet_margin_loss)
+    l1 = lambda a: jnp.sum(
+        jax.nn.relu(
+            jnp.sum(jnp.abs(a - positives), -1)
+            - jnp.sum(jnp.abs(a - negatives), -1)
+            + 1
+        )
+    )
+    assert_tree_allclose(ours, jax.grad(l1)(anchors))
+    assert float(jnp.max(jnp.abs(ours - theirs))) == 2.0

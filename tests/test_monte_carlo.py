@@ -18,8 +18,7 @@ import numpy as np
 import pytest
 from helpers import assert_tree_allclose
 
-with jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
-    from eqopt import monte_carlo as mc
+from eqopt import monte_carlo as mc
 
 MEAN = jnp.array([1.0, -0.5, 0.3])
 LOG_SCALE = jnp.array([0.0, -0.5, 0.2])

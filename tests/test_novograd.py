@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _regression import train_regression
+from _training import train
 from helpers import Case, make_model
 
 import eqopt
@@ -73,5 +73,5 @@ def test_novograd_needs_params_only_for_weight_decay():
 
 
 def test_novograd_trains():
-    first, last = train_regression(eqopt.novograd(1e-2))
+    first, last, _, _ = train(eqopt.novograd(1e-2), problem="mlp-2-1")
     assert last < 0.1 * first

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _regression import train_regression
+from _training import train
 from helpers import Case
 
 import eqopt
@@ -125,5 +125,5 @@ def test_optimistic_alpha_must_be_a_number():
     ids=["ogd", "optimistic_adam", "optimistic_adam_v2"],
 )
 def test_optimistic_trains(opt):
-    first, last = train_regression(opt)
+    first, last, _, _ = train(opt, problem="mlp-2-1")
     assert last < 0.3 * first

@@ -10,9 +10,7 @@ import optax
 import pytest
 from helpers import assert_tree_allclose
 
-with jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
-    from eqopt import perturbations
-
+from eqopt import perturbations
 
 NOISES = [
     (perturbations.Normal(), optax.perturbations.Normal()),

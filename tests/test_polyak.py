@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _regression import train_regression
+from _training import train
 from helpers import Case
 
 import eqopt
@@ -134,5 +134,5 @@ def test_polyak_ignores_the_structure_of_params():
 
 
 def test_polyak_trains():
-    first, last = train_regression(eqopt.polyak_sgd(), with_value=True)
+    first, last, _, _ = train(eqopt.polyak_sgd(), with_value=True, problem="mlp-2-1")
     assert last < 0.1 * first

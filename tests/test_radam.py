@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from _regression import train_regression
+from _training import train
 from helpers import Case
 
 import eqopt
@@ -70,5 +70,5 @@ def test_radam_is_momentum_then_rectified_adam():
 
 
 def test_radam_trains():
-    first, last = train_regression(eqopt.radam(1e-2))
+    first, last, _, _ = train(eqopt.radam(1e-2), problem="mlp-2-1")
     assert last < 0.5 * first

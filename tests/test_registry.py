@@ -133,10 +133,47 @@ def test_state_is_typed_module_and_serialises(case):
 
 def _parity_cases():
     for case in ALL_CASES:
-        if case.optax is None or case.random:
-            continue
+        # A case without parity is reported as skipped, with its reason.
+        marks = (
+            [pytest.mark.skip(reason=f"no parity: {case.no_parity_reason}")]
+            if case.no_parity_reason is not None
+            else []
+        )
         for dtype in case.dtypes:
-            yield pytest.param(case, dtype, id=f"{case.name}-{dtype}")
+            yield pytest.param(case, dtype, id=f"{case.name}-{dtype}", marks=marks)
+
+
+def test_every_case_without_parity_says_why():
+    silent = [
+        case.name
+        for case in ALL_CASES
+        if (case.optax is None or case.random) and case.no_parity_reason is None
+    ]
+    assert silent == [], "give these cases a no_parity_reason (and test them directly)"
+
+
+@pytest.mark.parametrize(
+    "case", [c for c in ALL_CASES if not c.needs_params], ids=lambda c: c.name
+)
+def test_update_without_params(case):
+    # A case that declares it does not need params gives the same updates without them.
+    model = make_model()
+    tx = build(case.make, model)
+    state = tx.init(model)
+    for step in range(2):
+        grads = random_grads(model, step)
+        extra = _extra(case, model, grads)
+        updates, new_state = tx.update(grads, state, model, **extra)
+        without, without_state = tx.update(grads, state, **extra)
+        assert_tree_allclose(as_dict(without), as_dict(updates), rtol=0, atol=0)
+        assert_tree_allclose(
+            eqx.filter(without_state, eqx.is_array),
+            eqx.filter(new_state, eqx.is_array),
+            rtol=0,
+            atol=0,
+        )
+        state = new_state
+        model = eqopt.apply_updates(model, updates)
 
 
 @pytest.mark.parametrize("case,dtype", list(_parity_cases()))

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _regression import train_regression
+from _training import train
 from helpers import Case, as_dict, assert_tree_allclose, make_model, random_grads
 
 import eqopt
@@ -88,5 +88,5 @@ def test_rprop_rejects_complex_params():
 
 
 def test_rprop_trains():
-    first, last = train_regression(eqopt.rprop(1e-2))
+    first, last, _, _ = train(eqopt.rprop(1e-2), problem="mlp-2-1")
     assert last < 0.1 * first

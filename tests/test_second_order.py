@@ -6,14 +6,12 @@ import warnings
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import jaxtyping
 import optax
 import pytest
 from helpers import assert_tree_allclose
 from jax.flatten_util import ravel_pytree
 
-with jaxtyping.install_import_hook("eqopt", "beartype.beartype"):
-    from eqopt import second_order
+from eqopt import second_order
 
 
 def _optax(name, loss, *args):

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _regression import train_regression
+from _training import train
 from helpers import Case, make_model, spec_like
 
 import eqopt
@@ -129,7 +129,7 @@ def test_sm3_momentum_none_means_no_momentum():
 
 
 def test_sm3_trains():
-    first, last = train_regression(eqopt.sm3(0.1))
+    first, last, _, _ = train(eqopt.sm3(0.1), problem="mlp-2-1")
     assert last < 0.2 * first
 
 

@@ -1,6 +1,7 @@
 """The type checker of the import hook (`eqopt/_typecheck.py`): lazy beartype, one-line errors."""
 
 import inspect
+import pathlib
 
 import jax.numpy as jnp
 import jaxtyping
@@ -91,3 +92,27 @@ def test_owner_names_the_class_of_a_constructor():
         "test_owner_names_the_class_of_a_constructor.Thing"
     )
     assert _owner(Thing.method).endswith("Thing.method")
+
+
+def test_tests_use_the_checker_that_ships():
+    # jaxtyping's own import hook would check eqopt's modules with another
+    # checker than `eqopt/_hook.py` installs (and build its wrappers eagerly).
+    tests = pathlib.Path(__file__).parent
+    hook = "install_" + "import_hook"  # not this file's own mention
+    users = [p.name for p in sorted(tests.glob("*.py")) if hook in p.read_text()]
+    assert users == []
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: eqopt.assignment.hungarian_algorithm("cost"),
+        lambda: eqopt.second_order.hvp(1, "params", "v", "x", "y"),
+        lambda: eqopt.projections.projection_simplex(jnp.ones(3), scale="x"),
+        lambda: eqopt.power_iteration(jnp.ones((2, 2)), num_iters="x"),
+    ],
+    ids=["assignment", "second_order", "projections", "linalg"],
+)
+def test_namespaces_are_checked_by_eqopts_checker(call):
+    with pytest.raises(ArgumentTypeError):
+        call()

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _regression import train_regression
+from _training import train
 from helpers import Case, make_model
 
 import eqopt
@@ -64,5 +64,5 @@ def test_yogi_rejects_non_positive_initial_accumulator():
 
 
 def test_yogi_trains():
-    first, last = train_regression(eqopt.yogi(1e-2))
+    first, last, _, _ = train(eqopt.yogi(1e-2), problem="mlp-2-1")
     assert last < 0.2 * first

@@ -128,7 +128,11 @@ class ScaleByDistanceOverGradients(AbstractGradientTransformation):
         return ScaleByDistanceOverGradientsState(
             max_dist=max_dist,
             grad_sum_of_squares=jax.tree.map(jnp.zeros_like, max_dist),
-            init_params=map_trainable(lambda p: p.astype(param_dtype), params),
+            # A copy even when the dtype matches: a state sharing the params'
+            # buffers cannot be donated with them (`filter_jit(donate=...)`).
+            init_params=map_trainable(
+                lambda p: jnp.array(p, dtype=param_dtype, copy=True), params
+            ),
         )
 
     def update(
