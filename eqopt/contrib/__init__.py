@@ -56,6 +56,13 @@ from ._mechanic import (
     Mechanize as Mechanize,
     mechanize as mechanize,
 )
+from ._mars import (
+    ScaleByMars as ScaleByMars,
+    ScaleByMarsState as ScaleByMarsState,
+    mars_adamw as mars_adamw,
+    mars_lion as mars_lion,
+    scale_by_mars as scale_by_mars,
+)
 from ._momo import (
     Momo as Momo,
     MomoAdam as MomoAdam,
