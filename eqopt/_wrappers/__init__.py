@@ -8,6 +8,11 @@ from .accumulation import (
     ShouldSkipUpdateFunction as ShouldSkipUpdateFunction,
     apply_every as apply_every,
 )
+from .cautious import (
+    Cautious as Cautious,
+    CautiousState as CautiousState,
+    cautious as cautious,
+)
 from .conditional import (
     ConditionallyMask as ConditionallyMask,
     ConditionallyMaskState as ConditionallyMaskState,

@@ -130,6 +130,15 @@ from ._sophia import (
 # End of Muon ... complex.
 
 # isort: split
+# Cautious updates are a general wrapper (`eqopt.cautious`); Optax's pull request
+# (#1690) puts them in `contrib`, so they are spelled here too: the same objects.
+from .._wrappers.cautious import (
+    Cautious as Cautious,
+    CautiousState as CautiousState,
+    cautious as cautious,
+)
+
+# isort: split
 # Optax also spells the differentially private optimiser in `contrib`: the same
 # objects as at the top level.
 from .._wrappers.privacy import (
