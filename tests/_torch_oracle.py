@@ -21,8 +21,9 @@ def torch_steps(
     set, to adjust its state.
     """
     torch = pytest.importorskip("torch")
+    # Parameters, so that an oracle built from a torch module can hold these tensors.
     tensors = {
-        k: torch.tensor(np.asarray(v, np.float64), requires_grad=True)
+        k: torch.nn.Parameter(torch.tensor(np.asarray(v, np.float64)))
         for k, v in params.items()
     }
     optimizer = make_optimizer(tensors)

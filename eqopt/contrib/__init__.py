@@ -20,6 +20,13 @@ from ._ademamix import (
     scale_by_simplified_ademamix as scale_by_simplified_ademamix,
     simplified_ademamix as simplified_ademamix,
 )
+from ._adam_mini import (
+    AdamMiniBlocks as AdamMiniBlocks,
+    ScaleByAdamMini as ScaleByAdamMini,
+    ScaleByAdamMiniState as ScaleByAdamMiniState,
+    adam_mini as adam_mini,
+    scale_by_adam_mini as scale_by_adam_mini,
+)
 from ._adopt import (
     ScaleByAdopt as ScaleByAdopt,
     ScaleByAdoptState as ScaleByAdoptState,
