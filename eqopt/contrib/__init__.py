@@ -104,6 +104,7 @@ from ._muon import (
     ScaleByMuon as ScaleByMuon,
     ScaleByShape as ScaleByShape,
     muon as muon,
+    polar_express_coefficients as polar_express_coefficients,
     scale_by_muon as scale_by_muon,
 )
 from ._normalize import (
