@@ -10,6 +10,13 @@ from ._acprop import (
     acprop as acprop,
     scale_by_acprop as scale_by_acprop,
 )
+from ._adam_mini import (
+    AdamMiniBlocks as AdamMiniBlocks,
+    ScaleByAdamMini as ScaleByAdamMini,
+    ScaleByAdamMiniState as ScaleByAdamMiniState,
+    adam_mini as adam_mini,
+    scale_by_adam_mini as scale_by_adam_mini,
+)
 from ._ademamix import (
     ScaleByAdemamix as ScaleByAdemamix,
     ScaleByAdemamixState as ScaleByAdemamixState,
@@ -19,13 +26,6 @@ from ._ademamix import (
     scale_by_ademamix as scale_by_ademamix,
     scale_by_simplified_ademamix as scale_by_simplified_ademamix,
     simplified_ademamix as simplified_ademamix,
-)
-from ._adam_mini import (
-    AdamMiniBlocks as AdamMiniBlocks,
-    ScaleByAdamMini as ScaleByAdamMini,
-    ScaleByAdamMiniState as ScaleByAdamMiniState,
-    adam_mini as adam_mini,
-    scale_by_adam_mini as scale_by_adam_mini,
 )
 from ._adopt import (
     ScaleByAdopt as ScaleByAdopt,
@@ -58,17 +58,17 @@ from ._madgrad import (
     madgrad as madgrad,
     scale_by_madgrad as scale_by_madgrad,
 )
-from ._mechanic import (
-    MechanicState as MechanicState,
-    Mechanize as Mechanize,
-    mechanize as mechanize,
-)
 from ._mars import (
     ScaleByMars as ScaleByMars,
     ScaleByMarsState as ScaleByMarsState,
     mars_adamw as mars_adamw,
     mars_lion as mars_lion,
     scale_by_mars as scale_by_mars,
+)
+from ._mechanic import (
+    MechanicState as MechanicState,
+    Mechanize as Mechanize,
+    mechanize as mechanize,
 )
 from ._momo import (
     Momo as Momo,
@@ -111,6 +111,12 @@ from ._normalize import (
     Normalize as Normalize,
     NormalizeState as NormalizeState,
     normalize as normalize,
+)
+from ._normuon import (
+    NorMuonState as NorMuonState,
+    ScaleByNorMuon as ScaleByNorMuon,
+    normuon as normuon,
+    scale_by_normuon as scale_by_normuon,
 )
 from ._plateau import (
     ReduceLROnPlateauState as ReduceLROnPlateauState,
