@@ -142,7 +142,9 @@ def test_every_kept_coordinate_descends():
         grads = random_grads(model, step)
         updates, state = tx.update(grads, state, model)
         for u, g in zip(
-            jax.tree.leaves(as_dict(updates)), jax.tree.leaves(as_dict(grads))
+            jax.tree.leaves(as_dict(updates)),
+            jax.tree.leaves(as_dict(grads)),
+            strict=True,
         ):
             assert np.all(np.asarray(u) * np.asarray(g) <= 0)
         model = eqopt.apply_updates(model, updates)

@@ -161,3 +161,18 @@ def test_bad_leaf_names_its_path():
     tx = eqopt.contrib.scale_by_normuon()
     with pytest.raises(ValueError, match=r"NorMuon.*\.b"):
         tx.init(make_model())
+
+
+def test_state_of_a_model_holding_tuples():
+    """An `eqx.nn.MLP` keeps its layers in a tuple: the state is shaped like it."""
+    import equinox as eqx
+
+    model = eqx.nn.MLP(3, 2, 8, 2, key=jax.random.key(0))
+    opt = eqopt.contrib.normuon(1e-2)
+    state = opt.init(model)
+    inner = state.inner_states["normuon"][0]
+    assert isinstance(inner.mu.layers, tuple) and len(inner.mu.layers) == 3
+    assert inner.nu.layers[1].weight.shape == (1, 8)
+    grads = jax.tree.map(jnp.ones_like, eqx.filter(model, eqx.is_inexact_array))
+    updates, _ = opt.update(grads, state, model)
+    assert updates.layers[1].weight.shape == (8, 8)

@@ -164,18 +164,22 @@ class ScaleByNorMuon(AbstractGradientTransformation):
         dims = self._dimension_numbers(params)
 
         @no_type_check
-        def moments(p, d):
+        def momentum(p, d):
             if d is None:
-                return None, None
-            fan_in, neurons = fans(p.shape, d)
-            batch = p.size // (fan_in * neurons)
-            mu = jnp.zeros_like(p, dtype=self.mu_dtype or p.dtype)
-            return mu, jnp.zeros((batch, neurons), jnp.finfo(p.dtype).dtype)
+                return None
+            return jnp.zeros_like(p, dtype=self.mu_dtype or p.dtype)
 
-        pairs = jax.tree.map(moments, params, dims, is_leaf=lambda x: x is None)
-        is_pair = lambda x: isinstance(x, tuple) and len(x) == 2  # noqa: E731
-        mu = jax.tree.map(lambda x: x[0], pairs, is_leaf=is_pair)
-        nu = jax.tree.map(lambda x: x[1], pairs, is_leaf=is_pair)
+        @no_type_check
+        def neurons(p, d):
+            if d is None:
+                return None
+            fan_in, fan_out = fans(p.shape, d)
+            batch = p.size // (fan_in * fan_out)
+            return jnp.zeros((batch, fan_out), jnp.finfo(p.dtype).dtype)
+
+        is_none = lambda x: x is None  # noqa: E731
+        mu = jax.tree.map(momentum, params, dims, is_leaf=is_none)
+        nu = jax.tree.map(neurons, params, dims, is_leaf=is_none)
         return NorMuonState(count=jnp.zeros([], jnp.int32), mu=mu, nu=nu)
 
     def update(
