@@ -589,10 +589,18 @@ def muon(
         weight_decay=adam_weight_decay,
         nesterov=nesterov,
     )
+    return _matrices_and_the_rest("muon", muon_part, adam_part, spec)
+
+
+def _matrices_and_the_rest(
+    name: str, matrix_part: Any, rest: Any, spec: Any
+) -> Partition:
+    """The partition of Muon's family: `matrix_part` on the leaves that the
+    dimension-numbers `spec` selects (group `name`), `rest` on the others ("adam")."""
     return Partition(
-        {"muon": muon_part, "adam": adam_part},
+        {name: matrix_part, "adam": rest},
         {
-            "muon": selection_spec(spec, MuonDimensionNumbers),
+            name: selection_spec(spec, MuonDimensionNumbers),
             "adam": selection_spec(spec, MuonDimensionNumbers, complement=True),
         },
     )

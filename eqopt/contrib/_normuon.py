@@ -27,7 +27,6 @@ from ._dimension_numbers import (
     fans,
     matrix_view,
     resolve_dimension_numbers,
-    selection_spec,
 )
 from ._muon import (
     _DEFAULT_NS_COEFFS,
@@ -36,6 +35,7 @@ from ._muon import (
     MuonDimensionNumbers,
     Preconditioning,
     _as_coefficients,
+    _matrices_and_the_rest,
     orthogonalize,
 )
 
@@ -364,10 +364,4 @@ def normuon(
         mu_dtype=mu_dtype,
         weight_decay=adam_weight_decay,
     )
-    return Partition(
-        {"normuon": matrices, "adam": others},
-        {
-            "normuon": selection_spec(spec, MuonDimensionNumbers),
-            "adam": selection_spec(spec, MuonDimensionNumbers, complement=True),
-        },
-    )
+    return _matrices_and_the_rest("normuon", matrices, others, spec)
