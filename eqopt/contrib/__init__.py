@@ -104,7 +104,6 @@ from ._muon import (
     ScaleByMuon as ScaleByMuon,
     ScaleByShape as ScaleByShape,
     muon as muon,
-    polar_express_coefficients as polar_express_coefficients,
     scale_by_muon as scale_by_muon,
 )
 from ._normalize import (
@@ -122,6 +121,9 @@ from ._plateau import (
     ReduceLROnPlateauState as ReduceLROnPlateauState,
     ReduceOnPlateau as ReduceOnPlateau,
     reduce_on_plateau as reduce_on_plateau,
+)
+from ._polar_express import (
+    polar_express_coefficients as polar_express_coefficients,
 )
 from ._sam import SAM as SAM, SAMState as SAMState, sam as sam
 from ._schedule_free import (
