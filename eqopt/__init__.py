@@ -247,6 +247,11 @@ if _TYPE_CHECKING:
         ShouldSkipUpdateFunction as ShouldSkipUpdateFunction,
         apply_every as apply_every,
     )
+    from ._wrappers.cautious import (
+        Cautious as Cautious,
+        CautiousState as CautiousState,
+        cautious as cautious,
+    )
     from ._wrappers.conditional import (
         ConditionallyMask as ConditionallyMask,
         ConditionallyMaskState as ConditionallyMaskState,

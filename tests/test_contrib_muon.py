@@ -58,6 +58,15 @@ TRANSFORM_CASES = [
         # Optax's spectral norm has no bfloat16 SVD on CPU; eqopt's runs in float32.
         ("float32", "complex64"),
     ),
+    # Polar Express (Amsel et al. 2025) as a table of rows, which Optax also accepts.
+    Case(
+        "contrib.muon-polar-express",
+        lambda: eqopt.contrib.muon(0.05, ns_coeffs="polar_express"),
+        lambda: optax.contrib.muon(
+            0.05, ns_coeffs=eqopt.contrib.polar_express_coefficients(5)
+        ),
+        ALL_DTYPES,
+    ),
     # eqopt's Schatten-4 scaling uses X X^H; Optax uses X X^T, so complex differs.
     Case(
         "contrib.muon-schatten-3-steps",
@@ -333,3 +342,96 @@ def test_muon_on_a_bare_array_model():
         update, state = ours.update(grad, state, model)
         their_update, their_state = theirs.update(grad, their_state, model)
         assert jnp.allclose(update, their_update, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# Polar Express (Amsel, Persson, Musco & Gower, 2025)
+# ---------------------------------------------------------------------------
+
+# The paper's table (Amsel et al., arXiv:2505.16932, Algorithm 1's code), written
+# out here independently of eqopt's copy.
+PAPER_TABLE = [
+    (8.28721201814563, -23.595886519098837, 17.300387312530933),
+    (4.107059111542203, -2.9478499167379106, 0.5448431082926601),
+    (3.9486908534822946, -2.908902115962949, 0.5518191394370137),
+    (3.3184196573706015, -2.488488024314874, 0.51004894012372),
+    (2.300652019954817, -1.6689039845747493, 0.4188073119525673),
+    (1.891301407787398, -1.2679958271945868, 0.37680408948524835),
+    (1.8750014808534479, -1.2500016453999487, 0.3750001645474248),
+    (1.875, -1.25, 0.375),
+]
+
+
+def _paper_polar_express(g, steps):
+    """The paper's iteration in float64: X_0 = G / (1.01 ||G||_F + 1e-7), quintics
+    made safe by p(x / 1.01), the last one repeated."""
+    rows = [(a / 1.01, b / 1.01**3, c / 1.01**5) for a, b, c in PAPER_TABLE[:-1]]
+    rows = rows + [PAPER_TABLE[-1]]
+    rows = rows[:steps] + [rows[-1]] * max(0, steps - len(rows))
+    x = np.asarray(g, np.float64)
+    transposed = x.shape[0] > x.shape[1]
+    x = x.T if transposed else x
+    x = x / (np.linalg.norm(x) * 1.01 + 1e-7)
+    for a, b, c in rows:
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if transposed else x
+
+
+def _orthogonalised(g, ns_coeffs, ns_steps=5):
+    tx = eqopt.contrib.scale_by_muon(
+        ns_coeffs=ns_coeffs, ns_steps=ns_steps, beta=0.0, nesterov=False
+    )
+    return np.asarray(tx.update({"w": g}, tx.init({"w": g}))[0]["w"])
+
+
+@pytest.mark.parametrize("shape", [(12, 7), (6, 10)])
+@pytest.mark.parametrize("steps", [5, 10])
+def test_polar_express_is_the_papers_iteration(shape, steps):
+    g = jax.random.normal(jax.random.key(3), shape)
+    coefficients = (
+        "polar_express"
+        if steps == 5
+        else eqopt.contrib.polar_express_coefficients(steps)
+    )
+    ours = _orthogonalised(g, coefficients)
+    np.testing.assert_allclose(ours, _paper_polar_express(g, steps), atol=2e-5)
+
+
+def test_polar_express_against_heavyball():
+    """heavyball's msign iterates the paper's safe table but normalises by ||G||_F
+    without the paper's factor 1.01; with the same normalisation they agree."""
+    torch = pytest.importorskip("torch")
+    utils = pytest.importorskip("heavyball.utils", reason="heavyball is the oracle")
+    g = np.asarray(jax.random.normal(jax.random.key(4), (9, 14)), np.float64)
+    theirs = utils.msign(torch.tensor(g), steps=5).numpy()
+    same_start = _orthogonalised(jnp.asarray(g), utils.ABC_LIST_STABLE[:5])
+    np.testing.assert_allclose(same_start, theirs, atol=2e-5)
+    ours = _orthogonalised(jnp.asarray(g), "polar_express")
+    assert np.max(np.abs(ours - theirs)) > 1e-3  # the 1.01 on the first step
+
+
+def test_pytorch_optimizer_polar_express_table_differs_from_the_paper():
+    """pytorch-optimizer's "polar_express" rows are another fit (safety 1e-2 in the
+    fitting), not the paper's published table; eqopt uses the paper's."""
+    matrix = pytest.importorskip(
+        "pytorch_optimizer.optimizer.utils.matrix", reason="pytorch-optimizer"
+    )
+    theirs = np.asarray(matrix.NS_COEFFICIENTS["polar_express"][:5])
+    paper = np.asarray(PAPER_TABLE[:5]) / np.array([1.01, 1.01**3, 1.01**5])
+    assert np.max(np.abs(theirs - paper) / np.abs(paper)) > 1e-3
+    ours = np.asarray(eqopt.contrib.polar_express_coefficients(5))
+    np.testing.assert_allclose(ours[1:], paper[1:], rtol=1e-12)
+
+
+def test_polar_express_is_closer_to_orthogonal_than_jordans():
+    g = jax.random.normal(jax.random.key(5), (32, 16))
+    u, _, vt = np.linalg.svd(np.asarray(g, np.float64), full_matrices=False)
+    polar = u @ vt
+    errors = {
+        name: np.linalg.norm(_orthogonalised(g, name) - polar)
+        for name in ("standard", "polar_express")
+    }
+    assert errors["polar_express"] < 0.5 * errors["standard"]
+    with pytest.raises(ValueError, match="steps"):
+        eqopt.contrib.polar_express_coefficients(0)

@@ -120,3 +120,29 @@ def test_lbfgs_fitting(tmp_path):
     assert number(r"L-BFGS final loss: (\S+)", stdout) < 0.011, stdout
     assert number(r"L-BFGS within 0.1% of the best loss: after (\d+)", stdout) < 30
     assert_plot(plot)
+
+
+def test_optimizer_zoo(tmp_path):
+    stdout, plot = run_example("optimizer_zoo", tmp_path)
+    rows = {
+        match.group(1).strip(): [float(v) for v in match.group(2).split()]
+        for match in re.finditer(
+            r"^(AdamW \(A/A\)|AdamW|Muon|NorMuon|MARS-AdamW|cautious AdamW|Adam-mini"
+            r"|SOAP|Shampoo|Kron)\s+((?:\S+\s+){4}\S+)$",
+            stdout,
+            re.M,
+        )
+    }
+    expected = {"AdamW", "AdamW (A/A)", "Muon", "NorMuon", "MARS-AdamW"}
+    expected |= {"cautious AdamW", "Adam-mini"}
+    assert expected <= set(rows), stdout
+    for name, (final, held_out, _, _, time_ratio) in rows.items():
+        # Below the uniform guess over 95 characters (ln 95 = 4.55), and finite.
+        assert 0 < final < 4.5 and 0 < held_out < 4.5, (name, stdout)
+        assert time_ratio > 0, (name, stdout)
+    state = {name: values[3] for name, values in rows.items()}  # relative to AdamW
+    assert state["AdamW (A/A)"] == 1.0 and state["cautious AdamW"] == 1.0, stdout
+    assert state["Adam-mini"] < 0.55, stdout  # one second moment per block
+    assert state["MARS-AdamW"] == 1.5, stdout  # the last gradient is kept too
+    assert state["Muon"] < 1.0 and state["NorMuon"] < 1.0, stdout
+    assert_plot(plot)

@@ -10,6 +10,13 @@ from ._acprop import (
     acprop as acprop,
     scale_by_acprop as scale_by_acprop,
 )
+from ._adam_mini import (
+    AdamMiniBlocks as AdamMiniBlocks,
+    ScaleByAdamMini as ScaleByAdamMini,
+    ScaleByAdamMiniState as ScaleByAdamMiniState,
+    adam_mini as adam_mini,
+    scale_by_adam_mini as scale_by_adam_mini,
+)
 from ._ademamix import (
     ScaleByAdemamix as ScaleByAdemamix,
     ScaleByAdemamixState as ScaleByAdemamixState,
@@ -50,6 +57,13 @@ from ._madgrad import (
     ScaleByMadgrad as ScaleByMadgrad,
     madgrad as madgrad,
     scale_by_madgrad as scale_by_madgrad,
+)
+from ._mars import (
+    ScaleByMars as ScaleByMars,
+    ScaleByMarsState as ScaleByMarsState,
+    mars_adamw as mars_adamw,
+    mars_lion as mars_lion,
+    scale_by_mars as scale_by_mars,
 )
 from ._mechanic import (
     MechanicState as MechanicState,
@@ -97,10 +111,19 @@ from ._normalize import (
     NormalizeState as NormalizeState,
     normalize as normalize,
 )
+from ._normuon import (
+    NorMuonState as NorMuonState,
+    ScaleByNorMuon as ScaleByNorMuon,
+    normuon as normuon,
+    scale_by_normuon as scale_by_normuon,
+)
 from ._plateau import (
     ReduceLROnPlateauState as ReduceLROnPlateauState,
     ReduceOnPlateau as ReduceOnPlateau,
     reduce_on_plateau as reduce_on_plateau,
+)
+from ._polar_express import (
+    polar_express_coefficients as polar_express_coefficients,
 )
 from ._sam import SAM as SAM, SAMState as SAMState, sam as sam
 from ._schedule_free import (
@@ -121,6 +144,15 @@ from ._sophia import (
 )
 
 # End of Muon ... complex.
+
+# isort: split
+# Cautious updates are a general wrapper (`eqopt.cautious`); Optax's pull request
+# (#1690) puts them in `contrib`, so they are spelled here too: the same objects.
+from .._wrappers.cautious import (
+    Cautious as Cautious,
+    CautiousState as CautiousState,
+    cautious as cautious,
+)
 
 # isort: split
 # Optax also spells the differentially private optimiser in `contrib`: the same

@@ -147,6 +147,7 @@ def resolve_dimension_numbers(
     *,
     owner: str,
     batch_axes: bool,
+    check: Callable[[tuple[int, ...], Any, str], None] | None = None,
 ) -> Any:
     """Resolves a dimension-numbers spec against `tree`: one `kind` or `None` per leaf.
 
@@ -154,7 +155,9 @@ def resolve_dimension_numbers(
     means the default `kind()`, `False` and `None` mean "not a matrix", an
     instance of `kind` is used as it is, and a callable is applied to each
     trainable leaf and must return one of these. Leaves that are not trainable
-    resolve to `None`. Each resolved leaf is checked against its shape.
+    resolve to `None`. Each resolved leaf is checked against its shape, by
+    `check(shape, value, path)` when given (Adam-mini's blocks), else as
+    dimension numbers.
     """
 
     def is_leaf(x):
@@ -199,7 +202,9 @@ def resolve_dimension_numbers(
                 continue
             chosen = value(leaf) if callable(value) else value
             dims = resolve(chosen, full)
-            if dims is not None:
+            if dims is not None and check is not None:
+                check(tuple(leaf.shape), dims, path_str(full))
+            elif dims is not None:
                 check_dimension_numbers(
                     tuple(leaf.shape),
                     dims,

@@ -39,6 +39,7 @@ from ._dimension_numbers import (
     resolve_dimension_numbers,
     selection_spec,
 )
+from ._polar_express import _polar_express_rows
 
 # Jordan (2024): the quintic whose slope at zero is largest while its iterates
 # stay within [0.7, 1.2] on [0, 1].
@@ -55,6 +56,7 @@ _PRESETS = {
     "standard": _DEFAULT_NS_COEFFS,
     "muon": _DEFAULT_NS_COEFFS,
     "dion": _DION_NS_COEFFS,
+    "polar_express": _polar_express_rows(5),
 }
 _PRECONDITIONINGS = ("frobenius", "spectral", "aol", "schatten")
 
@@ -186,7 +188,9 @@ class ScaleByMuon(AbstractGradientTransformation):
 
     - `ns_coeffs`: the coefficients $(a, b, c)$, or one row of them per
       iteration (shape `(n, 3)`, then `ns_steps` is ignored), or a preset name
-      (`"standard"`, `"dion"`).
+      (`"standard"`, `"dion"`, or `"polar_express"`: Amsel et al.'s five
+      optimal quintics, see [`eqopt.contrib.polar_express_coefficients`][]
+      for other counts).
     - `ns_steps`: the number of iterations $K$ (static).
     - `beta`: the momentum decay $\beta \in [0, 1)$.
     - `eps`: added to the norm before dividing.
@@ -209,7 +213,8 @@ class ScaleByMuon(AbstractGradientTransformation):
 
     **References:** Jordan et al., *Muon: An optimizer for hidden layers in
     neural networks*, 2024 (kellerjordan.github.io/posts/muon); Bernstein &
-    Newhouse, *Old Optimizer, New Norm: An Anthology*, arXiv:2409.20325, 2024.
+    Newhouse, *Old Optimizer, New Norm: An Anthology*, arXiv:2409.20325, 2024;
+    Amsel et al., *The Polar Express*, arXiv:2505.16932, 2025.
     """
 
     ns_coeffs: Float[Array, "3"] | Float[Array, "steps 3"] = eqx.field(
@@ -529,10 +534,18 @@ def muon(
         weight_decay=adam_weight_decay,
         nesterov=nesterov,
     )
+    return _matrices_and_the_rest("muon", muon_part, adam_part, spec)
+
+
+def _matrices_and_the_rest(
+    name: str, matrix_part: Any, rest: Any, spec: Any
+) -> Partition:
+    """The partition of Muon's family: `matrix_part` on the leaves that the
+    dimension-numbers `spec` selects (group `name`), `rest` on the others ("adam")."""
     return Partition(
-        {"muon": muon_part, "adam": adam_part},
+        {name: matrix_part, "adam": rest},
         {
-            "muon": selection_spec(spec, MuonDimensionNumbers),
+            name: selection_spec(spec, MuonDimensionNumbers),
             "adam": selection_spec(spec, MuonDimensionNumbers, complement=True),
         },
     )
