@@ -10,10 +10,10 @@ from .._base import (
     AbstractGradientTransformation,
     Params,
     Updates,
-    as_transform,
     is_none,
     leafwise,
 )
+from .._interop import as_transform
 
 Rescale = Literal["leaf", "global", "none"]
 _RESCALES = ("leaf", "global", "none")
