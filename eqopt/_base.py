@@ -19,7 +19,14 @@ from ._leaves import (
     drop_float0,
     first_non_inexact,
     is_none as is_none,
+    is_state_leaf,
     is_trainable as is_trainable,
+)
+from ._quantize import (
+    dequantize_all,
+    is_quantized,
+    is_quantized_format,
+    moment_like,
 )
 from ._structure import structure_mismatch_message as structure_mismatch_message
 
@@ -514,7 +521,13 @@ def require_params(
 
 
 def zeros_like_trainable(params: Params, dtype: Any = None) -> Updates:
-    """A tree shaped like `params`: zeros at trainable leaves, `None` elsewhere."""
+    """A tree shaped like `params`: zeros at trainable leaves, `None` elsewhere.
+
+    `dtype` may be a [`eqopt.Quantized`][] format: the zeros are then a signed
+    (first) moment stored in it.
+    """
+    if is_quantized_format(dtype):
+        return moment_like(params, dtype)
 
     def zeros(p):
         if not is_trainable(p):
@@ -555,7 +568,7 @@ def leafwise(
     leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
     others = []
     for tree in trees:
-        other_leaves, other_treedef = jax.tree.flatten(tree, is_leaf=is_none)
+        other_leaves, other_treedef = jax.tree.flatten(tree, is_leaf=is_state_leaf)
         if other_treedef != treedef:
             raise ValueError(
                 structure_mismatch_message(updates, tree, "updates", "state")
@@ -565,7 +578,9 @@ def leafwise(
         if u is None:
             continue
         for other in rest:
-            if eqx.is_array(other) and other.shape != u.shape:
+            if (eqx.is_array(other) or is_quantized(other)) and tuple(
+                other.shape
+            ) != tuple(u.shape):
                 path = _paths(updates)[index]
                 raise ValueError(
                     f"`updates` at {path} has shape {tuple(u.shape)} but the state (or "
@@ -574,7 +589,7 @@ def leafwise(
                 )
     if n_out is None:
         out = [
-            None if u is None else fn(u, *rest)
+            None if u is None else fn(u, *map(dequantize_all, rest))
             for u, *rest in zip(leaves, *others, strict=False)
         ]
         return jax.tree.unflatten(treedef, out)
@@ -582,6 +597,19 @@ def leafwise(
     for u, *rest in zip(leaves, *others, strict=False):
         if u is None:
             outs.append((None, *rest[: n_out - 1]))
+        elif any(map(is_quantized, rest)):
+            # A quantised moment goes in dequantised and its new value comes
+            # back quantised in the same format (output k + 1 is input k's).
+            out = fn(u, *map(dequantize_all, rest))
+            outs.append(
+                (
+                    out[0],
+                    *(
+                        old.requantize(new) if is_quantized(old) else new
+                        for new, old in zip(out[1:], rest, strict=False)
+                    ),
+                )
+            )
         else:
             outs.append(fn(u, *rest))
     return tuple(

@@ -4,7 +4,6 @@ from typing import Any, no_type_check
 
 import equinox as eqx
 import jax.numpy as jnp
-from jax.typing import DTypeLike
 from jaxtyping import Array, Bool, Float
 
 from .._base import (
@@ -16,6 +15,7 @@ from .._base import (
 )
 from .._combine import Chain
 from .._hyper import ScalarLike, ScalarOrSchedule, as_scalar, check_hyperparameter
+from .._quantize import MomentDType
 from .adam import ScaleByAdam
 from .basic import Scale, ScaleByLearningRate
 
@@ -148,9 +148,10 @@ def optimistic_adam(
     b2: ScalarLike = 0.999,
     eps: ScalarLike = 1e-8,
     eps_root: ScalarLike = 0.0,
-    mu_dtype: DTypeLike | None = None,
+    mu_dtype: MomentDType = None,
     *,
     nesterov: bool = True,
+    nu_dtype: MomentDType = None,
 ) -> Chain:
     r"""Optimistic Adam: Adam's step made optimistic, for GANs and other games.
 
@@ -184,6 +185,7 @@ def optimistic_adam(
             eps=eps,
             eps_root=eps_root,
             mu_dtype=mu_dtype,
+            nu_dtype=nu_dtype,
             nesterov=nesterov,
         ),
         ScaleByOptimisticGradient(
@@ -203,8 +205,9 @@ def optimistic_adam_v2(
     b2: ScalarLike = 0.999,
     eps: ScalarLike = 1e-8,
     eps_root: ScalarLike = 0.0,
-    mu_dtype: DTypeLike | None = None,
+    mu_dtype: MomentDType = None,
     nesterov: bool = True,
+    nu_dtype: MomentDType = None,
 ) -> Chain:
     r"""Optimistic Adam, with the learning rate separate from the optimism.
 
@@ -236,6 +239,7 @@ def optimistic_adam_v2(
             eps=eps,
             eps_root=eps_root,
             mu_dtype=mu_dtype,
+            nu_dtype=nu_dtype,
             nesterov=nesterov,
         ),
         ScaleByOptimisticGradient(alpha=alpha, beta=beta),
