@@ -107,6 +107,7 @@ if _TYPE_CHECKING:
         update_moment as update_moment,
         update_moment_per_elem_norm as update_moment_per_elem_norm,
     )
+    from ._quantize import Quantized as Quantized, QuantizedArray as QuantizedArray
     from ._train_state import TrainState as TrainState
     from ._transform._linesearch_common import (
         value_and_grad_from_state as value_and_grad_from_state,
@@ -279,6 +280,15 @@ if _TYPE_CHECKING:
         freeze as freeze,
         masked as masked,
         selective_transform as selective_transform,
+    )
+    from ._wrappers.master import (
+        MasterWeights as MasterWeights,
+        MasterWeightsState as MasterWeightsState,
+        StochasticRounding as StochasticRounding,
+        StochasticRoundingState as StochasticRoundingState,
+        master_weights as master_weights,
+        stochastic_round as stochastic_round,
+        stochastic_rounding as stochastic_rounding,
     )
     from .losses import (
         convex_kl_divergence as convex_kl_divergence,
