@@ -51,7 +51,9 @@ TRANSFORM_CASES = [
         lambda: optax.adam(1e-2, mu_dtype=jnp.float32),
         ("float32",),
     ),
-    Case("lion-8bit", lambda: eqopt.lion(1e-3, mu_dtype=Q8), no_parity_reason=NO_PARITY),
+    Case(
+        "lion-8bit", lambda: eqopt.lion(1e-3, mu_dtype=Q8), no_parity_reason=NO_PARITY
+    ),
     Case(
         "rmsprop-8bit",
         lambda: eqopt.rmsprop(1e-2, initial_scale=0.1, nu_dtype=Q8),
@@ -88,7 +90,9 @@ def test_dynamic_map_is_the_papers_definition(bits):
     expected = []
     for i in range(decades):
         width = 0.9 / 2**i
-        expected += [10.0 ** (i - decades + 1) * (0.1 + width * (j + 0.5)) for j in range(2**i)]
+        expected += [
+            10.0 ** (i - decades + 1) * (0.1 + width * (j + 0.5)) for j in range(2**i)
+        ]
     np.testing.assert_allclose(positive, expected, rtol=1e-6)
     np.testing.assert_array_equal(table[: 2**decades - 1], -positive[::-1])
 
@@ -130,7 +134,9 @@ def test_code_lookup_is_arithmetic():
     """No search or sort in the jitted quantiser (searchsorted took 3-10x a whole Adam step)."""
     x = jnp.ones((4096,))
     for kind in ("dynamic", "linear", "sqrt"):
-        jaxpr = str(jax.make_jaxpr(lambda x: QuantizedArray.quantize(x, 8, kind, 256))(x))
+        jaxpr = str(
+            jax.make_jaxpr(lambda x, k=kind: QuantizedArray.quantize(x, 8, k, 256))(x)
+        )
         for primitive in ("sort", "while", "searchsorted", "scan"):
             assert primitive not in jaxpr, (kind, primitive)
 
@@ -203,8 +209,13 @@ def test_second_moment_is_zero_safe_and_bounded(bits):
     scale = np.max(root, axis=1, keepdims=True)
     error = np.abs(deq - root)
     above = root >= scale / levels
-    assert np.all(error[above] <= (scale / (2 * levels) * (1 + 1e-5) + 1e-12)[np.nonzero(above)[0]].ravel())
-    assert np.all(deq[~above] <= (scale / levels * (1 + 1e-5))[np.nonzero(~above)[0]].ravel())
+    assert np.all(
+        error[above]
+        <= (scale / (2 * levels) * (1 + 1e-5) + 1e-12)[np.nonzero(above)[0]].ravel()
+    )
+    assert np.all(
+        deq[~above] <= (scale / levels * (1 + 1e-5))[np.nonzero(~above)[0]].ravel()
+    )
     # A zero block decodes to zero; elsewhere nothing decodes to zero.
     assert np.all(deq[0] == 0)
     assert np.all(deq[1:] > 0)
@@ -213,9 +224,10 @@ def test_second_moment_is_zero_safe_and_bounded(bits):
 def test_linear_map_of_nu_itself_would_round_to_zero():
     """The failure the zero-free sqrt scheme avoids: a linear 8-bit map of v
     (with a zero code) sends small second moments to zero."""
-    v = (jax.random.normal(jax.random.key(5), (256,)) * jnp.exp(
-        2 * jax.random.normal(jax.random.key(6), (256,))
-    )) ** 2
+    v = (
+        jax.random.normal(jax.random.key(5), (256,))
+        * jnp.exp(2 * jax.random.normal(jax.random.key(6), (256,)))
+    ) ** 2
     naive = jnp.round(v / jnp.max(v) * 255) / 255 * jnp.max(v)
     assert int(jnp.sum(naive == 0)) > 10
     q = QuantizedArray.quantize(v, 8, "sqrt", 256)
