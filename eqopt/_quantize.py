@@ -180,42 +180,37 @@ def dynamic_map(bits: int) -> np.ndarray:
 
 
 @no_type_check
-def _dynamic_value(decade, index, decades):
-    # The value of code `index` of decade `decade` in the dynamic map (float32).
-    width = jnp.exp2(decade.astype(jnp.float32))
-    fraction = 0.1 + 0.9 * (index.astype(jnp.float32) + 0.5) / width
-    return jnp.power(10.0, (decade - (decades - 1)).astype(jnp.float32)) * fraction
-
-
-@no_type_check
 def _encode_dynamic(y, bits):
-    """Nearest code of `y` (in [-1, 1]) in the dynamic map, computed arithmetically."""
+    """Nearest code of `y` (in [-1, 1]) in the dynamic map, computed arithmetically.
+
+    The decade comes from $b - 2$ comparisons (a chain of selects, no logarithm
+    or power per element: those made this 30 times slower on CPU), then the
+    index inside the decade from one rounding, and the nearest of three
+    candidates: that value, the top of the decade below (or zero) and the
+    bottom of the decade above (or one).
+    """
     decades = bits - 1
     zero = 2**decades - 1  # the index of 0 in the sorted map
     a = jnp.abs(y)
-    tiny = jnp.float32(10.0**-decades)
-    decade = jnp.floor(jnp.log10(jnp.maximum(a, tiny))).astype(jnp.int32) + decades
-    decade = jnp.clip(decade, 0, decades - 1)
-    width = jnp.left_shift(1, decade)
-    t = a / jnp.power(10.0, (decade - (decades - 1)).astype(jnp.float32))
-    index = jnp.round((t - 0.1) * width.astype(jnp.float32) / 0.9 - 0.5)
-    index = jnp.clip(index.astype(jnp.int32), 0, width - 1)
-    # Rank among the positive values: 2^i - 1 values live in lower decades.
-    rank = width - 1 + index
-    value = _dynamic_value(decade, index, decades)
-    # The only other candidates: the top of the decade below (or zero) and the
-    # bottom of the decade above (or one).
-    below = jnp.where(
-        decade > 0,
-        _dynamic_value(decade - 1, jnp.right_shift(width, 1) - 1, decades),
-        0.0,
-    )
-    above = jnp.where(
-        decade < decades - 1, _dynamic_value(decade + 1, 0 * decade, decades), 1.0
-    )
-    best = jnp.where(jnp.abs(a - below) < jnp.abs(a - value), rank - 1, rank)
+    # Decade i holds 10^(i-E+1) * (0.1 + 0.9 (j + 0.5) / 2^i), j < 2^i.
+    decade = jnp.zeros(a.shape, jnp.int32)
+    power = jnp.full(a.shape, 10.0 ** (1 - decades), jnp.float32)
+    width = jnp.ones(a.shape, jnp.float32)
+    for k in range(1, decades):
+        above = a >= jnp.float32(10.0 ** (k - decades))
+        decade = decade + above.astype(jnp.int32)
+        power = jnp.where(above, jnp.float32(10.0 ** (k - decades + 1)), power)
+        width = jnp.where(above, jnp.float32(2.0**k), width)
+    t = a / power
+    index = jnp.clip(jnp.floor((t - 0.1) * width * (1 / 0.9)), 0.0, width - 1.0)
+    value = power * (0.1 + 0.9 * (index + 0.5) / width)
+    below = jnp.where(decade > 0, power * 0.1 * (1.0 - 0.9 / width), 0.0)
+    above = jnp.where(decade < decades - 1, power * (1.0 + 2.25 / width), 1.0)
+    # Rank among the positive values: 2^i - 1 of them live in lower decades.
+    rank = (width - 1.0 + index).astype(jnp.int32)
+    best = jnp.where(a - below < value - a, rank - 1, rank)
     best_value = jnp.where(best < rank, below, value)
-    best = jnp.where(jnp.abs(above - a) < jnp.abs(a - best_value), rank + 1, best)
+    best = jnp.where(above - a < jnp.abs(a - best_value), rank + 1, best)
     # rank -1 is zero; ranks 0..2^E-1 are positive (the last is 1, which has
     # no negative: -1 goes to the largest negative value, as in bitsandbytes).
     best = jnp.where(y < 0, jnp.minimum(best, 2**decades - 2), best)
