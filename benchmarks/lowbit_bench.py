@@ -71,7 +71,9 @@ def build(variant: str, path: str, model):
         updates, state = opt.update(grads, state, params)
         return eqopt.apply_updates(params, updates), state
 
-    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, grads).compile()
+    compiled = (
+        jax.jit(step, donate_argnums=(0, 1)).lower(params, state, grads).compile()
+    )
     return compiled, params, state, grads
 
 
@@ -124,7 +126,9 @@ def main() -> None:
         f"Adam on an MLP of {n_params / 1e6:.1f}M params; {rounds} interleaved rounds; "
         f"{result['machine']}"
     )
-    print("| moments | state bytes/param | step vs float32, default | step vs float32, packed |")
+    print(
+        "| moments | state bytes/param | step vs float32, default | step vs float32, packed |"
+    )
     print("|---|---|---|---|")
     for name in names:
         geo = {

@@ -10,6 +10,8 @@ array: `tree_at` does not convert a Python float, which `filter_jit` would
 treat as static).
 """
 
+import functools
+
 from jax.typing import DTypeLike
 
 from ._combine import Chain
@@ -463,7 +465,10 @@ def rmsprop(
     """
     if centered and nu_dtype is not None:
         raise ValueError("rmsprop: `nu_dtype` is for the uncentred RMSProp only.")
-    hyperparameters = dict(
+    make = (
+        ScaleByStddev if centered else functools.partial(ScaleByRms, nu_dtype=nu_dtype)
+    )
+    scaling = make(
         decay=decay,
         eps=eps,
         initial_scale=initial_scale,
@@ -471,9 +476,7 @@ def rmsprop(
         bias_correction=bias_correction,
     )
     return Chain(
-        ScaleByStddev(**hyperparameters)
-        if centered
-        else ScaleByRms(**hyperparameters, nu_dtype=nu_dtype),
+        scaling,
         ScaleByLearningRate(learning_rate=learning_rate),
         _momentum(momentum, nesterov),
     )

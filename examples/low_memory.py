@@ -14,7 +14,7 @@ an MLP on scikit-learn's digits (`examples/train_digits.py`'s model and data).
   `eqopt.stochastic_rounding`;
 - `bf16 (nearest)`: the same without stochastic rounding, for contrast.
 
-    python examples/low_memory.py                 # 600 + 1500 steps, a few minutes on 2 CPU cores
+    python examples/low_memory.py                 # 600 + 400 steps, a few minutes on 2 CPU cores
     python examples/low_memory.py --short --out /tmp/low_memory.png
 
 Prints the memory table and the final losses, and saves the loss curves.
@@ -119,7 +119,7 @@ def smooth(losses, width):
 def main():
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--steps", type=int, default=600, help="language-model steps")
-    parser.add_argument("--digits-steps", type=int, default=1500)
+    parser.add_argument("--digits-steps", type=int, default=400)
     parser.add_argument("--short", action="store_true", help="30 + 60 steps (CI)")
     parser.add_argument("--out", default="low_memory.png")
     args = parser.parse_args()
@@ -139,10 +139,14 @@ def main():
         print(f"{name}: {time.perf_counter() - start:.0f} s", flush=True)
 
     reference_lm, reference_digits, _ = results["float32"]
-    print(f"\nLanguage model: {n_params} params, {args.steps} steps; digits MLP: "
-          f"{args.digits_steps} steps. Final loss = mean over the last tenth of the steps.")
-    print("| variant | param bytes | state bytes/param (LM) | LM final loss | vs float32 "
-          "| LM held-out | digits final loss | vs float32 | digits test loss |")
+    print(
+        f"\nLanguage model: {n_params} params, {args.steps} steps; digits MLP: "
+        f"{args.digits_steps} steps. Final loss = mean over the last tenth of the steps."
+    )
+    print(
+        "| variant | param bytes | state bytes/param (LM) | LM final loss | vs float32 "
+        "| LM held-out | digits final loss | vs float32 | digits test loss |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for name, (lm, digits, param_bytes) in results.items():
         lm_final, digits_final = final(lm.losses), final(digits[0])

@@ -220,9 +220,11 @@ class MasterWeights(AbstractGradientTransformation):
     !!! example
 
         ```python
+        to_bf16 = lambda x: x.astype(jnp.bfloat16) if eqx.is_inexact_array(x) else x
+        bf16_model, bf16_grads = jax.tree.map(to_bf16, (model, grads))
         opt = eqopt.master_weights(eqopt.adamw(1e-3))
         state = opt.init(bf16_model)
-        updates, state = opt.update(grads, state, bf16_model)
+        updates, state = opt.update(bf16_grads, state, bf16_model)
         bf16_model = eqopt.apply_updates(bf16_model, updates)
         state.master      # float32 weights
         ```
