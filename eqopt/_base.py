@@ -589,7 +589,7 @@ def leafwise(
                 )
     if n_out is None:
         out = [
-            None if u is None else fn(u, *map(dequantize_all, rest))
+            None if u is None else fn(u, *(dequantize_all(x, u) for x in rest))
             for u, *rest in zip(leaves, *others, strict=False)
         ]
         return jax.tree.unflatten(treedef, out)
@@ -600,7 +600,7 @@ def leafwise(
         elif any(map(is_quantized, rest)):
             # A quantised moment goes in dequantised and its new value comes
             # back quantised in the same format (output k + 1 is input k's).
-            out = fn(u, *map(dequantize_all, rest))
+            out = fn(u, *(dequantize_all(x, u) for x in rest))
             outs.append(
                 (
                     out[0],

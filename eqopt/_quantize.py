@@ -48,6 +48,8 @@ import numpy as np
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, UInt8
 
+from ._sharding import gathered, like
+
 
 @dataclasses.dataclass(frozen=True)
 class Quantized:
@@ -329,7 +331,8 @@ class QuantizedArray(eqx.Module):
     ) -> "QuantizedArray":
         """Quantises `x` block by block (`kind` as for the field)."""
         dtype = jnp.result_type(x) if dtype is None else dtype
-        x = jnp.asarray(x, jnp.float32)
+        # Blocks are flat: an array sharded over an explicit axis is gathered first.
+        x, _ = gathered(jnp.asarray(x, jnp.float32))
         shape, size = tuple(x.shape), x.size
         blocks = -(-size // block_size)
         flat = x.reshape(-1)
@@ -442,10 +445,15 @@ def cast_moment(x: Any, dtype: Any) -> Any:
 
 
 @no_type_check
-def dequantize_all(tree: Any) -> Any:
-    """`tree` with every [`eqopt.QuantizedArray`][] replaced by its dequantised array."""
+def dequantize_all(tree: Any, reference: Any = None) -> Any:
+    """`tree` with every [`eqopt.QuantizedArray`][] replaced by its dequantised array
+    (sharded like `reference` when that is an array sharded over an explicit axis)."""
     if is_quantized(tree):
-        return tree.dequantize()
+        return (
+            tree.dequantize()
+            if reference is None
+            else like(tree.dequantize(), reference)
+        )
     leaves = jax.tree.leaves(tree, is_leaf=is_quantized)
     if not any(is_quantized(leaf) for leaf in leaves):
         return tree
