@@ -222,6 +222,33 @@ def _encode_dynamic(y, bits):
 
 
 @no_type_check
+def _decode_dynamic(codes, bits):
+    """The dynamic map's value of each code, computed arithmetically (a table
+    lookup is a gather, which XLA on CPU runs as a pass of its own)."""
+    decades = bits - 1
+    signed = codes.astype(jnp.int32) - (2**decades - 1)
+    # One more than the rank among positive values: 2^i + j in decade i.
+    position = jnp.abs(signed)
+    position_float = position.astype(jnp.float32)
+    # floor(log2(position)) from the float's exponent bits: exact for integers.
+    decade = (
+        jnp.right_shift(jax.lax.bitcast_convert_type(position_float, jnp.int32), 23)
+        - 127
+    )
+    width = jax.lax.bitcast_convert_type(
+        jnp.left_shift(jnp.maximum(decade, 0) + 127, 23), jnp.float32
+    )
+    power = jnp.full(codes.shape, 10.0 ** (1 - decades), jnp.float32)
+    for k in range(1, decades):
+        power = jnp.where(decade >= k, jnp.float32(10.0 ** (k - decades + 1)), power)
+    index = position_float - width
+    value = power * (0.1 + 0.9 * (index + 0.5) / width)
+    value = jnp.where(position >= 2**decades, 1.0, value)
+    value = jnp.where(position == 0, 0.0, value)
+    return jnp.where(signed < 0, -value, value)
+
+
+@no_type_check
 def _encode_linear_signed(y, bits):
     half = 2 ** (bits - 1) - 1
     return (jnp.round(y * half) + half).astype(jnp.uint8)
@@ -318,8 +345,7 @@ class QuantizedArray(eqx.Module):
             values = (codes.astype(jnp.float32) - half) * (1.0 / half)
             values = values * self.scales[:, None]
         else:
-            table = jnp.asarray(decoding_table(self.kind, self.bits))
-            values = table[codes.astype(jnp.int32)] * self.scales[:, None]
+            values = _decode_dynamic(codes, self.bits) * self.scales[:, None]
         flat = values.reshape(-1)
         if flat.shape[0] != self.size:
             flat = flat[: self.size]
