@@ -3,7 +3,7 @@ r"""Quantised optimiser moments: block-wise 8-bit and 4-bit codes with per-block
 A moment tree normally holds one array per trainable leaf. Given a
 [`eqopt.Quantized`][] format as its dtype (`mu_dtype=eqopt.Quantized(8)`), it
 holds a [`eqopt.QuantizedArray`][] instead: one small integer code per element
-and one float32 scale per block of elements. [`eqopt.QuantizedArray.dequantize`][]
+and one float32 scale per block of elements. `dequantize()`
 gives the moment back; [`eqopt.tree.get`][] dequantises what it returns.
 
 Per-leaf code (`eqopt._base.leafwise`) dequantises a quantised input before the
@@ -302,7 +302,7 @@ class QuantizedArray(eqx.Module):
     """An optimiser moment stored as block-wise codes with one scale per block.
 
     Made by `init` of a transform given a [`eqopt.Quantized`][] moment dtype.
-    Read it with [`eqopt.QuantizedArray.dequantize`][] (or through
+    Read it with `dequantize()` (or through
     [`eqopt.tree.get`][], which dequantises); it serialises, checkpoints and
     crosses `jit` as its two arrays.
 
