@@ -22,12 +22,7 @@ from ._leaves import (
     is_state_leaf,
     is_trainable as is_trainable,
 )
-from ._quantize import (
-    dequantize_all,
-    is_quantized,
-    is_quantized_format,
-    moment_like,
-)
+from ._quantize import call_dequantized, is_quantized, is_quantized_format, moment_like
 from ._structure import structure_mismatch_message as structure_mismatch_message
 
 #: Parameters: any pytree, typically a whole Equinox model. Its inexact arrays are trainable.
@@ -589,7 +584,7 @@ def leafwise(
                 )
     if n_out is None:
         out = [
-            None if u is None else fn(u, *(dequantize_all(x, u) for x in rest))
+            None if u is None else call_dequantized(fn, u, rest)
             for u, *rest in zip(leaves, *others, strict=False)
         ]
         return jax.tree.unflatten(treedef, out)
@@ -597,21 +592,8 @@ def leafwise(
     for u, *rest in zip(leaves, *others, strict=False):
         if u is None:
             outs.append((None, *rest[: n_out - 1]))
-        elif any(map(is_quantized, rest)):
-            # A quantised moment goes in dequantised and its new value comes
-            # back quantised in the same format (output k + 1 is input k's).
-            out = fn(u, *(dequantize_all(x, u) for x in rest))
-            outs.append(
-                (
-                    out[0],
-                    *(
-                        old.requantize(new) if is_quantized(old) else new
-                        for new, old in zip(out[1:], rest, strict=False)
-                    ),
-                )
-            )
         else:
-            outs.append(fn(u, *rest))
+            outs.append(call_dequantized(fn, u, rest))
     return tuple(
         jax.tree.unflatten(treedef, [o[i] for o in outs]) for i in range(n_out)
     )

@@ -488,6 +488,26 @@ def dequantize_all(tree: Any, reference: Any = None) -> Any:
     )
 
 
+@no_type_check
+def call_dequantized(fn: Any, u: Any, rest: Any) -> Any:
+    """`fn(u, *rest)` with each quantised moment of `rest` dequantised, and each
+    output `k + 1` quantised again in the format of `rest[k]` where that was
+    quantised (the per-leaf loop's convention: outputs after the update are the
+    new values of the inputs after `u`)."""
+    if not any(map(is_quantized, rest)):
+        return fn(u, *rest)
+    out = fn(u, *(dequantize_all(x, u) for x in rest))
+    if not isinstance(out, tuple):
+        return out
+    return (
+        out[0],
+        *(
+            old.requantize(new) if is_quantized(old) else new
+            for new, old in zip(out[1:], rest, strict=False)
+        ),
+    )
+
+
 def any_quantized(*dtypes: Any) -> bool:
     """Whether any of the moment dtypes is a quantised format."""
     return any(is_quantized_format(dtype) for dtype in dtypes)
