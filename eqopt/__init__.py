@@ -120,6 +120,7 @@ if _TYPE_CHECKING:
         update_moment as update_moment,
         update_moment_per_elem_norm as update_moment_per_elem_norm,
     )
+    from ._quantize import Quantized as Quantized, QuantizedArray as QuantizedArray
     from ._scheduled import (
         current_value as current_value,
         init_count_if_scheduled as init_count_if_scheduled,
@@ -294,6 +295,15 @@ if _TYPE_CHECKING:
         freeze as freeze,
         masked as masked,
         selective_transform as selective_transform,
+    )
+    from ._wrappers.master import (
+        MasterWeights as MasterWeights,
+        MasterWeightsState as MasterWeightsState,
+        StochasticRounding as StochasticRounding,
+        StochasticRoundingState as StochasticRoundingState,
+        master_weights as master_weights,
+        stochastic_round as stochastic_round,
+        stochastic_rounding as stochastic_rounding,
     )
     from ._wrappers.microbatch import (
         microbatch as microbatch,

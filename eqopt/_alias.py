@@ -10,11 +10,14 @@ array: `tree_at` does not convert a Python float, which `filter_jit` would
 treat as static).
 """
 
+import functools
+
 from jax.typing import DTypeLike
 
 from ._combine import Chain
 from ._filters import FilterSpec
 from ._hyper import ScalarLike, ScalarOrSchedule
+from ._quantize import MomentDType
 from ._transform.adam import ScaleByAdam, ScaleByAdamax, ScaleByAmsgrad
 from ._transform.basic import Identity, ScaleByLearningRate
 from ._transform.decay import AddDecayedWeights
@@ -87,9 +90,10 @@ def adam(
     b2: ScalarLike = 0.999,
     eps: ScalarLike = 1e-8,
     eps_root: ScalarLike = 0.0,
-    mu_dtype: DTypeLike | None = None,
+    mu_dtype: MomentDType = None,
     *,
     nesterov: bool = False,
+    nu_dtype: MomentDType = None,
 ) -> Chain:
     r"""Adam: steps by bias-corrected first and second moment estimates.
 
@@ -109,7 +113,10 @@ def adam(
     - `b1`, `b2`: the decay rates $\beta_1, \beta_2 \in [0, 1)$.
     - `eps`: added to the denominator outside the square root.
     - `eps_root`: added inside the square root.
-    - `mu_dtype`: dtype to store the first moment in (default: the params').
+    - `mu_dtype`, `nu_dtype`: dtype to store the first and second moment in
+      (default: the params'), or a [`eqopt.Quantized`][] format: 8-bit or 4-bit
+      codes with a scale per block (see the Memory page).
+      Optax has no `nu_dtype`.
     - `nesterov`: use Dozat's Nesterov momentum (this is [`eqopt.nadam`][]).
 
     **Returns:** an [`eqopt.Chain`][].
@@ -124,6 +131,7 @@ def adam(
             eps=eps,
             eps_root=eps_root,
             mu_dtype=mu_dtype,
+            nu_dtype=nu_dtype,
             nesterov=nesterov,
         ),
         ScaleByLearningRate(learning_rate=learning_rate),
@@ -136,9 +144,10 @@ def nadam(
     b2: ScalarLike = 0.999,
     eps: ScalarLike = 1e-8,
     eps_root: ScalarLike = 0.0,
-    mu_dtype: DTypeLike | None = None,
+    mu_dtype: MomentDType = None,
     *,
     nesterov: bool = True,
+    nu_dtype: MomentDType = None,
 ) -> Chain:
     r"""NAdam: Adam with Nesterov momentum.
 
@@ -164,6 +173,7 @@ def nadam(
         eps=eps,
         eps_root=eps_root,
         mu_dtype=mu_dtype,
+        nu_dtype=nu_dtype,
         nesterov=nesterov,
     )
 
@@ -174,11 +184,12 @@ def adamw(
     b2: ScalarLike = 0.999,
     eps: ScalarLike = 1e-8,
     eps_root: ScalarLike = 0.0,
-    mu_dtype: DTypeLike | None = None,
+    mu_dtype: MomentDType = None,
     weight_decay: ScalarOrSchedule = 1e-4,
     mask: FilterSpec | None = None,
     *,
     nesterov: bool = False,
+    nu_dtype: MomentDType = None,
 ) -> Chain:
     r"""AdamW: Adam with weight decay decoupled from the adaptive scaling.
 
@@ -201,7 +212,7 @@ def adamw(
     **Arguments:**
 
     - `learning_rate`: $\eta$, a number or a schedule of the step count.
-    - `b1`, `b2`, `eps`, `eps_root`, `mu_dtype`: as [`eqopt.adam`][].
+    - `b1`, `b2`, `eps`, `eps_root`, `mu_dtype`, `nu_dtype`: as [`eqopt.adam`][].
     - `weight_decay`: $\lambda$, a number or a schedule.
     - `mask`: the filter spec of the leaves to decay (default: all).
     - `nesterov`: use Nesterov momentum (this is [`eqopt.nadamw`][]).
@@ -232,6 +243,7 @@ def adamw(
             eps=eps,
             eps_root=eps_root,
             mu_dtype=mu_dtype,
+            nu_dtype=nu_dtype,
             nesterov=nesterov,
         ),
         AddDecayedWeights(weight_decay=weight_decay, mask=mask),
@@ -245,11 +257,12 @@ def nadamw(
     b2: ScalarLike = 0.999,
     eps: ScalarLike = 1e-8,
     eps_root: ScalarLike = 0.0,
-    mu_dtype: DTypeLike | None = None,
+    mu_dtype: MomentDType = None,
     weight_decay: ScalarOrSchedule = 1e-4,
     mask: FilterSpec | None = None,
     *,
     nesterov: bool = True,
+    nu_dtype: MomentDType = None,
 ) -> Chain:
     r"""NAdamW: NAdam with decoupled weight decay.
 
@@ -280,6 +293,7 @@ def nadamw(
         weight_decay=weight_decay,
         mask=mask,
         nesterov=nesterov,
+        nu_dtype=nu_dtype,
     )
 
 
@@ -404,6 +418,8 @@ def rmsprop(
     momentum: ScalarLike | None = None,
     nesterov: bool = False,
     bias_correction: bool = False,
+    *,
+    nu_dtype: MomentDType = None,
 ) -> Chain:
     r"""RMSProp: divides the step by a running root mean square of the gradients.
 
@@ -431,6 +447,8 @@ def rmsprop(
     - `momentum`: momentum decay, or `None`.
     - `nesterov`: Nesterov momentum.
     - `bias_correction`: divide the moments by $1 - \rho^t$.
+    - `nu_dtype`: dtype or [`eqopt.Quantized`][] format to store $v$ in
+      (uncentred only; Optax has no such option).
 
     **Returns:** an [`eqopt.Chain`][].
 
@@ -447,15 +465,20 @@ def rmsprop(
     Neural Networks for Machine Learning, 2012; Graves, *Generating Sequences
     With Recurrent Neural Networks*, 2013 (centred).
     """
-    scaling = ScaleByStddev if centered else ScaleByRms
+    if centered and nu_dtype is not None:
+        raise ValueError("rmsprop: `nu_dtype` is for the uncentred RMSProp only.")
+    make = (
+        ScaleByStddev if centered else functools.partial(ScaleByRms, nu_dtype=nu_dtype)
+    )
+    scaling = make(
+        decay=decay,
+        eps=eps,
+        initial_scale=initial_scale,
+        eps_in_sqrt=eps_in_sqrt,
+        bias_correction=bias_correction,
+    )
     return Chain(
-        scaling(
-            decay=decay,
-            eps=eps,
-            initial_scale=initial_scale,
-            eps_in_sqrt=eps_in_sqrt,
-            bias_correction=bias_correction,
-        ),
+        scaling,
         ScaleByLearningRate(learning_rate=learning_rate),
         _momentum(momentum, nesterov),
     )

@@ -21,9 +21,11 @@ from ._leaves import (
     drop_float0,
     first_non_inexact,
     is_none as is_none,
+    is_state_leaf,
     is_trainable as is_trainable,
     path_str as path_str,
 )
+from ._quantize import call_dequantized, is_quantized, is_quantized_format, moment_like
 from ._signatures import accepts_extra_args
 from ._structure import structure_mismatch_message as structure_mismatch_message
 
@@ -444,7 +446,13 @@ def require_params(
 
 
 def zeros_like_trainable(params: Params, dtype: Any = None) -> Updates:
-    """A tree shaped like `params`: zeros at trainable leaves, `None` elsewhere."""
+    """A tree shaped like `params`: zeros at trainable leaves, `None` elsewhere.
+
+    `dtype` may be a [`eqopt.Quantized`][] format: the zeros are then a signed
+    (first) moment stored in it.
+    """
+    if is_quantized_format(dtype):
+        return moment_like(params, dtype)
 
     def zeros(p):
         if not is_trainable(p):
@@ -485,7 +493,7 @@ def leafwise(
     leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
     others = []
     for tree in trees:
-        other_leaves, other_treedef = jax.tree.flatten(tree, is_leaf=is_none)
+        other_leaves, other_treedef = jax.tree.flatten(tree, is_leaf=is_state_leaf)
         if other_treedef != treedef:
             raise ValueError(
                 structure_mismatch_message(updates, tree, "updates", "state")
@@ -495,7 +503,9 @@ def leafwise(
         if u is None:
             continue
         for other in rest:
-            if eqx.is_array(other) and other.shape != u.shape:
+            if (eqx.is_array(other) or is_quantized(other)) and tuple(
+                other.shape
+            ) != tuple(u.shape):
                 path = _paths(updates)[index]
                 raise ValueError(
                     f"`updates` at {path} has shape {tuple(u.shape)} but the state (or "
@@ -506,7 +516,8 @@ def leafwise(
     @no_type_check
     def call(index: int, u: Any, rest: list) -> Any:
         try:
-            return fn(u, *rest)
+            # A quantised moment is dequantised for `fn` and its result re-quantised.
+            return call_dequantized(fn, u, rest)
         except (TypeError, AttributeError) as error:
             # A `None` where the update is an array: `init` saw a leaf that is not
             # trainable. (A transform may keep `None` on purpose and handle it, so

@@ -1,10 +1,16 @@
-"""What a leaf is: the predicates, paths and tree types every module uses (no eqopt imports)."""
+"""What a leaf is: the predicates, paths and tree types every module uses.
+
+It imports only the quantised-moment type (`_quantize`, which imports nothing of
+eqopt).
+"""
 
 from typing import Any, TypeAlias, no_type_check
 
 import equinox as eqx
 import jax
 from jaxtyping import PyTree
+
+from ._quantize import QuantizedArray
 
 
 # Called once per leaf (often as `is_leaf`): exempt from the type-check wrapper.
@@ -18,6 +24,18 @@ def is_none(x: Any) -> bool:
 def is_trainable(x: Any) -> bool:
     """Whether a leaf is trained: an inexact (floating or complex) JAX array."""
     return eqx.is_inexact_array(x)
+
+
+@no_type_check
+def is_quantized_moment(x: Any) -> bool:
+    """Whether a leaf is a quantised moment ([`eqopt.QuantizedArray`][])."""
+    return isinstance(x, QuantizedArray)
+
+
+@no_type_check
+def is_state_leaf(x: Any) -> bool:
+    """Where a per-leaf loop stops in a moment tree: `None` or a quantised moment."""
+    return x is None or isinstance(x, QuantizedArray)
 
 
 @no_type_check
@@ -40,10 +58,15 @@ def drop_float0(tree: Any) -> Any:
 
 @no_type_check
 def first_non_inexact(tree: Any) -> tuple[str, Any] | None:
-    """The path and value of the first leaf that is neither an inexact array, `None`
-    nor `float0`, or `None` if there is no such leaf."""
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        if not (eqx.is_inexact_array(leaf) or is_float0(leaf)):
+    """The path and value of the first leaf that is neither an inexact array, `None`,
+    `float0` nor a quantised moment, or `None` if there is no such leaf."""
+    flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_quantized_moment)[0]
+    for path, leaf in flat:
+        if not (
+            eqx.is_inexact_array(leaf)
+            or is_float0(leaf)
+            or isinstance(leaf, QuantizedArray)
+        ):
             return jax.tree_util.keystr(path) or "<root>", leaf
     return None
 

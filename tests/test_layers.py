@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "eqopt._leaves",
             "eqopt._signatures",
             "eqopt._deprecation",
+            "eqopt._quantize",
             "eqopt._structure",
             "eqopt._hyper",
             "eqopt._defaults",
@@ -99,7 +100,6 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "eqopt._wrappers.*",
             "eqopt.microbatching",
             "eqopt._zero",
-            "eqopt._quantize",
         ),
     ),
     (

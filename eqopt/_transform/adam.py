@@ -17,20 +17,27 @@ from .._base import (
 )
 from .._hyper import ScalarLike, as_scalar, check_decays, check_hyperparameter
 from .._numerics import abs_squared, debias, safe_int32_increment
+from .._quantize import (
+    MomentDType,
+    any_quantized,
+    cast_moment,
+    is_quantized_format,
+    moment_like,
+)
 
 Moments = Updates
 
 
-@no_type_check
-def _cast(x, dtype):
-    return x if dtype is None else x.astype(dtype)
+_cast = cast_moment
 
 
 def _second_moment_zeros(params, dtype):
     # |g|^2 is real, so the second moment is stored in the real dtype (float32
-    # for complex64 params), unless a dtype is asked for.
+    # for complex64 params), unless a dtype (or a quantised format) is asked for.
     if dtype is None:
         return full_like_trainable_real(params, 0.0)
+    if is_quantized_format(dtype):
+        return moment_like(params, dtype, second=True)
     return zeros_like_trainable(params, dtype)
 
 
@@ -72,9 +79,10 @@ class ScaleByAdam(AbstractGradientTransformation):
     - `eps`: added to the denominator outside the square root.
     - `eps_root`: added inside the square root (useful when differentiating
       through the update).
-    - `mu_dtype`: dtype to store the first moment in (default: the params').
-    - `nu_dtype`: dtype to store the second moment in (default: the params').
-      Optax has no such option.
+    - `mu_dtype`: dtype to store the first moment in (default: the params'),
+      or a [`eqopt.Quantized`][] format (8-bit or 4-bit codes).
+    - `nu_dtype`: dtype or [`eqopt.Quantized`][] format to store the second
+      moment in (default: the params'). Optax has no such option.
     - `nesterov`: use Nesterov momentum (NAdam).
 
     !!! note "Numerics"
@@ -93,13 +101,14 @@ class ScaleByAdam(AbstractGradientTransformation):
     b2: Float[Array, ""] = eqx.field(default=0.999, converter=as_scalar)
     eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
     eps_root: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
-    mu_dtype: DTypeLike | None = eqx.field(default=None, static=True)
-    nu_dtype: DTypeLike | None = eqx.field(default=None, static=True)
+    mu_dtype: MomentDType = eqx.field(default=None, static=True)
+    nu_dtype: MomentDType = eqx.field(default=None, static=True)
     nesterov: bool = eqx.field(default=False, static=True)
 
     @property
     def elementwise(self) -> bool:
-        return True
+        # Quantised moments are block-wise: not the same on a concatenation.
+        return not any_quantized(self.mu_dtype, self.nu_dtype)
 
     def __check_init__(self):
         _check_adam_hyperparameters(self)
@@ -158,10 +167,10 @@ def scale_by_adam(
     b2: ScalarLike = 0.999,
     eps: ScalarLike = 1e-8,
     eps_root: ScalarLike = 0.0,
-    mu_dtype: DTypeLike | None = None,
+    mu_dtype: MomentDType = None,
     *,
     nesterov: bool = False,
-    nu_dtype: DTypeLike | None = None,
+    nu_dtype: MomentDType = None,
 ) -> ScaleByAdam:
     """Optax spelling of [`eqopt.ScaleByAdam`][] (`nu_dtype` is eqopt's addition)."""
     return ScaleByAdam(

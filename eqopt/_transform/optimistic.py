@@ -4,7 +4,6 @@ from typing import Any, no_type_check
 
 import equinox as eqx
 import jax.numpy as jnp
-from jax.typing import DTypeLike
 from jaxtyping import Array, Bool, Float
 
 from .._base import (
@@ -17,6 +16,7 @@ from .._base import (
 from .._combine import Chain
 from .._deprecation import deprecated
 from .._hyper import ScalarLike, ScalarOrSchedule, as_scalar, check_hyperparameter
+from .._quantize import MomentDType
 from .adam import ScaleByAdam
 from .basic import Scale, ScaleByLearningRate
 
@@ -150,9 +150,10 @@ def optimistic_adam(
     b2: ScalarLike = 0.999,
     eps: ScalarLike = 1e-8,
     eps_root: ScalarLike = 0.0,
-    mu_dtype: DTypeLike | None = None,
+    mu_dtype: MomentDType = None,
     *,
     nesterov: bool = True,
+    nu_dtype: MomentDType = None,
 ) -> Chain:
     r"""Optimistic Adam: Adam's step made optimistic, for GANs and other games.
 
@@ -186,6 +187,7 @@ def optimistic_adam(
             eps=eps,
             eps_root=eps_root,
             mu_dtype=mu_dtype,
+            nu_dtype=nu_dtype,
             nesterov=nesterov,
         ),
         ScaleByOptimisticGradient(
@@ -205,8 +207,9 @@ def optimistic_adam_v2(
     b2: ScalarLike = 0.999,
     eps: ScalarLike = 1e-8,
     eps_root: ScalarLike = 0.0,
-    mu_dtype: DTypeLike | None = None,
+    mu_dtype: MomentDType = None,
     nesterov: bool = True,
+    nu_dtype: MomentDType = None,
 ) -> Chain:
     r"""Optimistic Adam, with the learning rate separate from the optimism.
 
@@ -238,6 +241,7 @@ def optimistic_adam_v2(
             eps=eps,
             eps_root=eps_root,
             mu_dtype=mu_dtype,
+            nu_dtype=nu_dtype,
             nesterov=nesterov,
         ),
         ScaleByOptimisticGradient(alpha=alpha, beta=beta),

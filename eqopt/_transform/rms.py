@@ -17,6 +17,7 @@ from .._base import (
 )
 from .._hyper import ScalarLike, as_scalar, check_decays, check_hyperparameter
 from .._numerics import abs_squared, debias, safe_int32_increment
+from .._quantize import MomentDType, any_quantized, moment_like
 
 Moments = Updates
 
@@ -66,6 +67,8 @@ class ScaleByRms(AbstractGradientTransformation):
     - `initial_scale`: $v_{\text{init}}$, the initial mean square.
     - `eps_in_sqrt`: add $\epsilon$ inside the square root (default) or outside.
     - `bias_correction`: divide $v_t$ by $1 - \rho^t$.
+    - `nu_dtype`: dtype or [`eqopt.Quantized`][] format to store $v$ in
+      (default: the params' real dtype). Optax has no such option.
 
     **References:** Tieleman & Hinton, *Lecture 6.5 — RMSProp: Divide the
     gradient by a running average of its recent magnitude*, COURSERA: Neural
@@ -77,19 +80,23 @@ class ScaleByRms(AbstractGradientTransformation):
     initial_scale: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
     eps_in_sqrt: bool = eqx.field(default=True, static=True)
     bias_correction: bool = eqx.field(default=False, static=True)
+    nu_dtype: MomentDType = eqx.field(default=None, static=True)
 
     @property
     def elementwise(self) -> bool:
-        return True
+        return not any_quantized(self.nu_dtype)
 
     def __check_init__(self):
         _check_rms_hyperparameters(self)
 
     def init(self, params: Params) -> ScaleByRmsState:
-        return ScaleByRmsState(
-            count=jnp.zeros([], jnp.int32),
-            nu=full_like_trainable_real(params, self.initial_scale),
-        )
+        if self.nu_dtype is None:
+            nu = full_like_trainable_real(params, self.initial_scale)
+        else:
+            nu = moment_like(
+                params, self.nu_dtype, second=True, value=self.initial_scale
+            )
+        return ScaleByRmsState(count=jnp.zeros([], jnp.int32), nu=nu)
 
     def update(
         self,
@@ -121,14 +128,17 @@ def scale_by_rms(
     initial_scale: ScalarLike = 0.0,
     eps_in_sqrt: bool = True,
     bias_correction: bool = False,
+    *,
+    nu_dtype: MomentDType = None,
 ) -> ScaleByRms:
-    """Optax spelling of [`eqopt.ScaleByRms`][]."""
+    """Optax spelling of [`eqopt.ScaleByRms`][] (`nu_dtype` is eqopt's addition)."""
     return ScaleByRms(
         decay=decay,
         eps=eps,
         initial_scale=initial_scale,
         eps_in_sqrt=eps_in_sqrt,
         bias_correction=bias_correction,
+        nu_dtype=nu_dtype,
     )
 
 

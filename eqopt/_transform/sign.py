@@ -25,6 +25,7 @@ from .._hyper import (
     check_hyperparameter,
 )
 from .._numerics import safe_int32_increment
+from .._quantize import MomentDType, any_quantized
 from .basic import ScaleByLearningRate
 from .decay import AddDecayedWeights
 from .momentum import Ema
@@ -109,7 +110,8 @@ class ScaleByLion(AbstractGradientTransformation):
 
     - `b1`: $\beta_1 \in [0, 1]$, the weight of the momentum in the update.
     - `b2`: $\beta_2 \in [0, 1]$, the decay of the momentum.
-    - `mu_dtype`: dtype to store the momentum in (default: the params').
+    - `mu_dtype`: dtype to store the momentum in (default: the params'), or a
+      [`eqopt.Quantized`][] format.
     - `mode`: `"hard"`, `"smooth"` or `"refined"`, as above.
     - `smooth_beta`: $\beta_s > 0$, the slope of the `"smooth"` sign.
 
@@ -119,13 +121,13 @@ class ScaleByLion(AbstractGradientTransformation):
 
     b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
     b2: Float[Array, ""] = eqx.field(default=0.99, converter=as_scalar)
-    mu_dtype: DTypeLike | None = eqx.field(default=None, static=True)
+    mu_dtype: MomentDType = eqx.field(default=None, static=True)
     mode: Literal["hard", "smooth", "refined"] = eqx.field(default="hard", static=True)
     smooth_beta: Float[Array, ""] = eqx.field(default=1.0, converter=as_scalar)
 
     @property
     def elementwise(self) -> bool:
-        return True
+        return not any_quantized(self.mu_dtype)
 
     def __check_init__(self):
         check_decays(self, "b1", "b2", high_inclusive=True)
@@ -173,7 +175,7 @@ class ScaleByLion(AbstractGradientTransformation):
 def scale_by_lion(
     b1: ScalarLike = 0.9,
     b2: ScalarLike = 0.99,
-    mu_dtype: DTypeLike | None = None,
+    mu_dtype: MomentDType = None,
     *,
     mode: Literal["hard", "smooth", "refined"] = "hard",
     smooth_beta: ScalarLike = 1.0,
@@ -188,7 +190,7 @@ def lion(
     learning_rate: ScalarOrSchedule,
     b1: ScalarLike = 0.9,
     b2: ScalarLike = 0.99,
-    mu_dtype: DTypeLike | None = None,
+    mu_dtype: MomentDType = None,
     weight_decay: ScalarOrSchedule = 1e-3,
     mask: FilterSpec | None = None,
 ) -> Chain:

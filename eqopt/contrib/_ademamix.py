@@ -8,7 +8,6 @@ from typing import Any, no_type_check
 
 import equinox as eqx
 import jax.numpy as jnp
-from jax.typing import DTypeLike
 from jaxtyping import Array, Float, Int
 
 from .._base import (
@@ -32,6 +31,7 @@ from .._hyper import (
     check_hyperparameter,
 )
 from .._numerics import abs_squared, safe_int32_increment
+from .._quantize import MomentDType, any_quantized
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
 from ._reductions import cast_to, evaluate
@@ -70,7 +70,8 @@ class ScaleByAdemamix(AbstractGradientTransformation):
     - `b3`: the decay of the slow EMA, a number or a schedule.
     - `alpha`: the weight of the slow EMA, a number or a schedule.
     - `eps`, `eps_root`: added outside and inside the square root.
-    - `mu_dtype`: dtype to store the two EMAs in (default: the params').
+    - `mu_dtype`: dtype to store the two EMAs in (default: the params'), or a
+      [`eqopt.Quantized`][] format.
 
     **References:** Pagliardini, Ablin & Grangier, *The AdEMAMix Optimizer:
     Better, Faster, Older*, ICLR 2025 (arXiv:2409.03137).
@@ -82,11 +83,11 @@ class ScaleByAdemamix(AbstractGradientTransformation):
     alpha: Scalar | Schedule = eqx.field(default=6.0, converter=as_scalar_or_schedule)
     eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
     eps_root: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
-    mu_dtype: DTypeLike | None = eqx.field(default=None, static=True)
+    mu_dtype: MomentDType = eqx.field(default=None, static=True)
 
     @property
     def elementwise(self) -> bool:
-        return True
+        return not any_quantized(self.mu_dtype)
 
     def __check_init__(self):
         check_decays(self, "b1", "b2", "b3")
@@ -137,7 +138,7 @@ def scale_by_ademamix(
     alpha: ScalarOrSchedule = 6.0,
     eps: ScalarLike = 1e-8,
     eps_root: ScalarLike = 0.0,
-    mu_dtype: DTypeLike | None = None,
+    mu_dtype: MomentDType = None,
 ) -> ScaleByAdemamix:
     """Optax spelling of [`eqopt.contrib.ScaleByAdemamix`][]."""
     return ScaleByAdemamix(
@@ -159,7 +160,7 @@ def ademamix(
     alpha: ScalarOrSchedule = 5.0,
     eps: ScalarLike = 1e-8,
     eps_root: ScalarLike = 0.0,
-    mu_dtype: Any | None = None,
+    mu_dtype: MomentDType = None,
     weight_decay: ScalarLike = 0.0,
     mask: FilterSpec | None = None,
 ) -> Chain:

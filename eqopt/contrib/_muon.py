@@ -7,7 +7,6 @@ from typing import Any, Literal, no_type_check
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, Int
 
 from .._alias import adamw
@@ -29,6 +28,7 @@ from .._hyper import (
     check_hyperparameter,
 )
 from .._numerics import debias, safe_int32_increment
+from .._quantize import MomentDType, cast_moment, moment_like
 from .._sharding import gathered
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
@@ -194,7 +194,8 @@ class ScaleByMuon(AbstractGradientTransformation):
     - `ns_steps`: the number of iterations $K$ (static).
     - `beta`: the momentum decay $\beta \in [0, 1)$.
     - `eps`: added to the norm before dividing.
-    - `mu_dtype`: dtype to store the momentum in (default: the params').
+    - `mu_dtype`: dtype to store the momentum in (default: the params'), or a
+      [`eqopt.Quantized`][] format.
     - `nesterov`: use Nesterov momentum (default) or plain momentum.
     - `adaptive`: scale by the dual norm of the momentum.
     - `preconditioning`: how $X_0$ is scaled before iterating: `"frobenius"`
@@ -223,7 +224,7 @@ class ScaleByMuon(AbstractGradientTransformation):
     ns_steps: int = eqx.field(default=5, static=True)
     beta: Float[Array, ""] = eqx.field(default=0.95, converter=as_scalar)
     eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
-    mu_dtype: DTypeLike | None = eqx.field(default=None, static=True)
+    mu_dtype: MomentDType = eqx.field(default=None, static=True)
     nesterov: bool = eqx.field(default=True, static=True)
     adaptive: bool = eqx.field(default=False, static=True)
     preconditioning: Preconditioning = eqx.field(default="frobenius", static=True)
@@ -267,7 +268,7 @@ class ScaleByMuon(AbstractGradientTransformation):
         def zeros(p, d):
             if d is None:
                 return None
-            return jnp.zeros_like(p, dtype=self.mu_dtype or p.dtype)
+            return moment_like(p, self.mu_dtype or p.dtype)
 
         mu = jax.tree.map(zeros, params, dims, is_leaf=lambda x: x is None)
         return MuonState(count=jnp.zeros([], jnp.int32), mu=mu)
@@ -303,7 +304,7 @@ class ScaleByMuon(AbstractGradientTransformation):
             )
             if self.adaptive:
                 update = jnp.sum(mu_hat.conj() * update) * update
-            return update.astype(g.dtype), mu.astype(self.mu_dtype or mu_dtype)
+            return update.astype(g.dtype), cast_moment(mu, self.mu_dtype or mu_dtype)
 
         updates, mu = leafwise(step, updates, state.mu, dims, n_out=2)
         return updates, MuonState(count=count, mu=mu)
@@ -314,7 +315,7 @@ def scale_by_muon(
     ns_steps: int = 5,
     beta: ScalarLike = 0.95,
     eps: ScalarLike = 1e-8,
-    mu_dtype: DTypeLike | None = None,
+    mu_dtype: MomentDType = None,
     *,
     nesterov: bool = True,
     adaptive: bool = False,
@@ -424,7 +425,7 @@ def muon(
     eps: ScalarLike = 1e-8,
     weight_decay: ScalarOrSchedule = 0.0,
     weight_decay_mask: FilterSpec | None = None,
-    mu_dtype: DTypeLike | None = None,
+    mu_dtype: MomentDType = None,
     *,
     nesterov: bool = True,
     adaptive: bool = False,

@@ -8,6 +8,7 @@ import equinox as eqx
 import jax
 from jaxtyping import PyTree
 
+from .._quantize import dequantize_all
 from ._paths import KeyPath, children, is_none, path_str
 
 Filtering = Callable[[KeyPath, Any], bool]
@@ -112,7 +113,8 @@ def get(
     - `filtering`: an optional predicate `filtering(path, value) -> bool` to choose
       among several matches.
 
-    **Returns:** the matching value.
+    **Returns:** the matching value; a quantised moment
+    ([`eqopt.QuantizedArray`][]) in it comes back dequantised, as an array.
 
     **Raises:** `KeyError` naming the paths found if several values match.
 
@@ -127,7 +129,7 @@ def get(
     """
     found = get_all_with_path(tree, key, filtering)
     if len(found) == 1:
-        return found[0][1]
+        return dequantize_all(found[0][1])
     if not found:
         return default
     paths = ", ".join(path_str(path) for path, _ in found)

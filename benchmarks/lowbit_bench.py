@@ -1,0 +1,148 @@
+"""Memory and step time of low-bit optimiser states against float32 Adam.
+
+For Adam with float32, bfloat16, 8-bit and 4-bit moments ([`eqopt.Quantized`]),
+on a ~4M-parameter MLP (`eqx.nn.MLP`, 10 leaves), this reports
+
+- state bytes per parameter (codes and per-block scales included);
+- the step time of `update` + `apply_updates` on fixed gradients (params and
+  state donated), on the default path (the model as it is) and on the packed
+  path ([`eqopt.pack`]), as a ratio to float32 Adam on the same path.
+
+The variants run interleaved in rounds (the order rotates every round), each
+round timing every variant's median over a few steps; the table gives the
+geometric mean over rounds of each variant's ratio to float32 Adam's median in
+the same round. `float32 (A/A)` is float32 Adam timed again as another
+variant: its distance from 1.00 is the noise of the machine.
+
+    python benchmarks/lowbit_bench.py              # about 4 minutes on 2 busy cores
+    python benchmarks/lowbit_bench.py --quick      # smoke run
+"""
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import time
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+import eqopt
+
+VARIANTS = {
+    "float32": dict(),
+    "float32 (A/A)": dict(),
+    "bfloat16": dict(mu_dtype=jnp.bfloat16, nu_dtype=jnp.bfloat16),
+    "8-bit": dict(mu_dtype=eqopt.Quantized(8), nu_dtype=eqopt.Quantized(8)),
+    "8-bit linear": dict(
+        mu_dtype=eqopt.Quantized(8, first_moment_map="linear"),
+        nu_dtype=eqopt.Quantized(8),
+    ),
+    "4-bit": dict(mu_dtype=eqopt.Quantized(4), nu_dtype=eqopt.Quantized(4)),
+}
+
+
+def make_model(width: int, depth: int):
+    return eqx.nn.MLP(width, width, width, depth, key=jax.random.key(0))
+
+
+def state_bytes(state) -> int:
+    return sum(
+        x.size * x.dtype.itemsize
+        for x in jax.tree.leaves(state)
+        if eqx.is_array(x) and x.ndim > 0
+    )
+
+
+def build(variant: str, path: str, model):
+    opt = eqopt.adam(1e-3, **VARIANTS[variant])
+    # A copy: the step donates its params.
+    params = jax.tree.map(jnp.copy, eqx.filter(model, eqx.is_array))
+    if path == "packed":
+        params = eqopt.pack(params)
+    state = opt.init(params)
+    grads = jax.tree.map(lambda x: jnp.cos(x * 3.0) * 1e-2, params)
+
+    @jax.jit
+    def step(params, state, grads):
+        updates, state = opt.update(grads, state, params)
+        return eqopt.apply_updates(params, updates), state
+
+    compiled = (
+        jax.jit(step, donate_argnums=(0, 1)).lower(params, state, grads).compile()
+    )
+    return compiled, params, state, grads
+
+
+def time_steps(entry, steps: int) -> float:
+    compiled, params, state, grads = entry
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        params, state = compiled(params, state, grads)
+        jax.block_until_ready((params, state))
+        times.append(time.perf_counter() - start)
+    entry[1], entry[2] = params, state
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--json", default=None, help="write the results here")
+    args = parser.parse_args()
+    width, depth = (512, 3) if args.quick else (1024, 3)
+    rounds = args.rounds or (2 if args.quick else 6)
+    steps = 3 if args.quick else 7
+    model = make_model(width, depth)
+    n_params = sum(x.size for x in jax.tree.leaves(eqx.filter(model, eqx.is_array)))
+    names = list(VARIANTS)
+    entries, memory = {}, {}
+    for path in ("default", "packed"):
+        for name in names:
+            entry = list(build(name, path, model))
+            entries[path, name] = entry
+            memory[name] = state_bytes(entry[2]) / n_params
+            time_steps(entry, 1)  # warm-up
+    ratios = {key: [] for key in entries}
+    for r in range(rounds):
+        for path in ("default", "packed"):
+            order = names[r % len(names) :] + names[: r % len(names)]
+            medians = {name: time_steps(entries[path, name], steps) for name in order}
+            for name in names:
+                ratios[path, name].append(medians[name] / medians["float32"])
+    result = {
+        "params": n_params,
+        "leaves": len(jax.tree.leaves(eqx.filter(model, eqx.is_array))),
+        "rounds": rounds,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
+        "rows": [],
+    }
+    print(
+        f"Adam on an MLP of {n_params / 1e6:.1f}M params; {rounds} interleaved rounds; "
+        f"{result['machine']}"
+    )
+    print(
+        "| moments | state bytes/param | step vs float32, default | step vs float32, packed |"
+    )
+    print("|---|---|---|---|")
+    for name in names:
+        geo = {
+            path: math.exp(statistics.fmean(math.log(x) for x in ratios[path, name]))
+            for path in ("default", "packed")
+        }
+        result["rows"].append(dict(variant=name, bytes=memory[name], **geo))
+        print(
+            f"| {name} | {memory[name]:.3f} | {geo['default']:.2f}x | {geo['packed']:.2f}x |"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

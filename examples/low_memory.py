@@ -1,0 +1,175 @@
+"""Low-memory training: 8-bit and 4-bit Adam states, bfloat16 parameters with master
+weights or stochastic rounding, against float32 AdamW.
+
+Two tasks, the same for every variant (same initialisation, same batches): the
+shared character-level transformer language model of `examples/char_lm.py` and
+an MLP on scikit-learn's digits (`examples/train_digits.py`'s model and data).
+
+- `float32`: AdamW, float32 params and moments (8 bytes of state per param);
+- `8-bit`, `4-bit`: the moments as `eqopt.Quantized(8)` / `eqopt.Quantized(4)`
+  block-wise codes (about 2 and 1 byte per param);
+- `bf16 + master`: bfloat16 params, `eqopt.master_weights(adamw)` keeps float32
+  copies in the state;
+- `bf16 + SR`: bfloat16 params, float32 moments, updates applied with
+  `eqopt.stochastic_rounding`;
+- `bf16 (nearest)`: the same without stochastic rounding, for contrast.
+
+    python examples/low_memory.py                 # 600 + 400 steps, a few minutes on 2 CPU cores
+    python examples/low_memory.py --short --out /tmp/low_memory.png
+
+Prints the memory table and the final losses, and saves the loss curves.
+"""
+
+import argparse
+import time
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import matplotlib
+import numpy as np
+
+import eqopt
+
+matplotlib.use("Agg")
+import char_lm  # noqa: E402  (examples/ is the script's directory)
+import matplotlib.pyplot as plt  # noqa: E402
+import train_digits  # noqa: E402
+
+
+def variants(learning_rate, weight_decay):
+    """(name, optimiser, parameter dtype) of every variant."""
+
+    def adamw(**moments):
+        return eqopt.adamw(learning_rate, weight_decay=weight_decay, **moments)
+
+    wide = dict(mu_dtype=jnp.float32, nu_dtype=jnp.float32)
+    return [
+        ("float32", adamw(), jnp.float32),
+        (
+            "8-bit",
+            adamw(mu_dtype=eqopt.Quantized(8), nu_dtype=eqopt.Quantized(8)),
+            jnp.float32,
+        ),
+        (
+            "4-bit",
+            adamw(mu_dtype=eqopt.Quantized(4), nu_dtype=eqopt.Quantized(4)),
+            jnp.float32,
+        ),
+        ("bf16 + master", eqopt.master_weights(adamw()), jnp.bfloat16),
+        (
+            "bf16 + SR",
+            eqopt.chain(adamw(**wide), eqopt.stochastic_rounding(jax.random.key(0))),
+            jnp.bfloat16,
+        ),
+        ("bf16 (nearest)", adamw(**wide), jnp.bfloat16),
+    ]
+
+
+# ---------------------------------------------------------------------------
+# Digits
+# ---------------------------------------------------------------------------
+
+
+def digits_loss(model, x, y):
+    logits = jax.vmap(model.mlp)(x.astype(model.mlp.layers[0].weight.dtype))
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
+    return -jnp.mean(jnp.take_along_axis(log_probs, y[:, None], axis=1))
+
+
+@eqx.filter_jit
+def digits_step(opt, model, state, x, y):
+    loss, grads = eqx.filter_value_and_grad(digits_loss)(model, x, y)
+    updates, state = opt.update(grads, state, model)
+    return eqopt.apply_updates(model, updates), state, loss
+
+
+def train_digits_variant(opt, dtype, steps, data):
+    x_train, y_train, x_test, y_test = data
+    model = train_digits.Classifier(64, 10, key=jax.random.key(0))
+    model = jax.tree.map(
+        lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x, model
+    )
+    state = opt.init(model)
+    rng = np.random.default_rng(0)
+    losses = []
+    for _ in range(steps):
+        index = rng.integers(0, len(x_train), 64)
+        model, state, loss = digits_step(
+            opt, model, state, jnp.asarray(x_train[index]), jnp.asarray(y_train[index])
+        )
+        losses.append(float(loss))
+    test_loss = float(digits_loss(model, jnp.asarray(x_test), jnp.asarray(y_test)))
+    return np.asarray(losses), test_loss, char_lm.state_bytes(state)
+
+
+# ---------------------------------------------------------------------------
+
+
+def final(losses):
+    """The mean training loss over the last tenth of the steps (less noisy than one step)."""
+    return float(np.mean(losses[-max(1, len(losses) // 10) :]))
+
+
+def smooth(losses, width):
+    width = max(1, min(width, len(losses)))
+    return np.convolve(losses, np.ones(width) / width, mode="valid")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--steps", type=int, default=600, help="language-model steps")
+    parser.add_argument("--digits-steps", type=int, default=400)
+    parser.add_argument("--short", action="store_true", help="30 + 60 steps (CI)")
+    parser.add_argument("--out", default="low_memory.png")
+    args = parser.parse_args()
+    if args.short:
+        args.steps, args.digits_steps = 30, 60
+    task = char_lm.make_task()
+    n_params = sum(
+        x.size for x in jax.tree.leaves(eqx.filter(task.model(), eqx.is_inexact_array))
+    )
+    data = train_digits.load_data(0)
+    results = {}
+    for name, opt, dtype in variants(3e-3, 1e-2):
+        start = time.perf_counter()
+        lm = char_lm.train(opt, args.steps, task, dtype=dtype)
+        digits = train_digits_variant(opt, dtype, args.digits_steps, data)
+        results[name] = (lm, digits, jnp.dtype(dtype).itemsize)
+        print(f"{name}: {time.perf_counter() - start:.0f} s", flush=True)
+
+    reference_lm, reference_digits, _ = results["float32"]
+    print(
+        f"\nLanguage model: {n_params} params, {args.steps} steps; digits MLP: "
+        f"{args.digits_steps} steps. Final loss = mean over the last tenth of the steps."
+    )
+    print(
+        "| variant | param bytes | state bytes/param (LM) | LM final loss | vs float32 "
+        "| LM held-out | digits final loss | vs float32 | digits test loss |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, (lm, digits, param_bytes) in results.items():
+        lm_final, digits_final = final(lm.losses), final(digits[0])
+        print(
+            f"| {name} | {param_bytes} | {lm.state_bytes / n_params:.2f} "
+            f"| {lm_final:.4f} | {100 * (lm_final / final(reference_lm.losses) - 1):+.2f}% "
+            f"| {lm.held_out_loss:.4f} | {digits_final:.4f} "
+            f"| {100 * (digits_final / final(reference_digits[0]) - 1):+.2f}% "
+            f"| {digits[1]:.4f} |"
+        )
+
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for name, (lm, digits, _) in results.items():
+        style = "--" if name.startswith("bf16") else "-"
+        axes[0].plot(smooth(lm.losses, 20), style, label=name)
+        axes[1].plot(smooth(digits[0], 50), style, label=name)
+    axes[0].set(title="Character language model", xlabel="step", ylabel="training loss")
+    axes[1].set(title="Digits MLP", xlabel="step", yscale="log")
+    axes[0].legend()
+    figure.tight_layout()
+    figure.savefig(args.out, dpi=110)
+    print(f"saved {args.out}")
+
+
+if __name__ == "__main__":
+    main()

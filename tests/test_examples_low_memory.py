@@ -1,0 +1,51 @@
+"""The low-memory example runs in short mode, prints its memory table and plots."""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).parent.parent
+
+
+def test_low_memory_example_short(tmp_path):
+    plot = tmp_path / "low_memory.png"
+    # Import eqopt from this checkout, whatever is installed.
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "low_memory.py"),
+            "--short",
+            "--out",
+            str(plot),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
+        env={**os.environ, "PYTHONPATH": path, "MPLBACKEND": "Agg"},
+    )
+    rows = {
+        name: [float(v.strip().rstrip("%")) for v in values.split("|")]
+        for name, values in re.findall(
+            r"^\| ([^|]+?) \| (\d[^\n]*?) \|$", result.stdout, re.M
+        )
+    }
+    assert set(rows) == {
+        "float32",
+        "8-bit",
+        "4-bit",
+        "bf16 + master",
+        "bf16 + SR",
+        "bf16 (nearest)",
+    }, result.stdout
+    # Columns: param bytes, state bytes/param, LM loss, vs float32, held-out,
+    # digits loss, vs float32, digits test loss.
+    assert rows["float32"][1] == 8.0
+    assert rows["8-bit"][1] < 2.2 and rows["4-bit"][1] < 1.2, result.stdout
+    assert rows["bf16 + master"][0] == 2 and rows["bf16 + master"][1] == 12.0
+    # After a few steps the 8-bit run follows float32 closely.
+    assert abs(rows["8-bit"][3]) < 1.0, result.stdout
+    assert plot.exists() and plot.stat().st_size > 10_000

@@ -1,0 +1,409 @@
+"""Quantised moments: the maps against the papers and bitsandbytes, error bounds,
+zero safety, bytes per parameter, closeness to float32 Adam, and registry cases."""
+
+import io
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from helpers import Case
+
+import eqopt
+from eqopt._quantize import QuantizedArray, _encode, decoding_table, dynamic_map
+
+# Small blocks and no size threshold, so that the registry's 4x3 model is quantised.
+Q8 = eqopt.Quantized(8, block_size=8, min_size=0)
+Q4 = eqopt.Quantized(4, block_size=8, min_size=0)
+NO_PARITY = (
+    "quantised moments round the state, so Optax's float32 numbers cannot be "
+    "matched exactly; test_quantize compares with float32 Adam (update cosine)"
+)
+
+TRANSFORM_CASES = [
+    Case(
+        "adam-8bit",
+        lambda: eqopt.adam(1e-2, mu_dtype=Q8, nu_dtype=Q8),
+        no_parity_reason=NO_PARITY,
+    ),
+    Case(
+        "adamw-4bit",
+        lambda: eqopt.adamw(1e-2, mu_dtype=Q4, nu_dtype=Q4),
+        no_parity_reason=NO_PARITY,
+    ),
+    Case(
+        "adam-8bit-linear-nesterov",
+        lambda: eqopt.nadam(
+            1e-2,
+            mu_dtype=eqopt.Quantized(8, 8, 0, "linear"),
+            nu_dtype=Q8,
+        ),
+        no_parity_reason=NO_PARITY,
+    ),
+    # Leaves below the default `min_size` stay float32: Optax's numbers exactly.
+    Case(
+        "adam-8bit-small-leaves-float32",
+        lambda: eqopt.adam(
+            1e-2, mu_dtype=eqopt.Quantized(8), nu_dtype=eqopt.Quantized(8)
+        ),
+        lambda: optax.adam(1e-2, mu_dtype=jnp.float32),
+        ("float32",),
+    ),
+    Case(
+        "lion-8bit", lambda: eqopt.lion(1e-3, mu_dtype=Q8), no_parity_reason=NO_PARITY
+    ),
+    Case(
+        "rmsprop-8bit",
+        lambda: eqopt.rmsprop(1e-2, initial_scale=0.1, nu_dtype=Q8),
+        no_parity_reason=NO_PARITY,
+    ),
+    Case(
+        "contrib.ademamix-8bit",
+        lambda: eqopt.contrib.ademamix(1e-2, mu_dtype=Q8),
+        no_parity_reason=NO_PARITY,
+    ),
+    Case(
+        "contrib.muon-8bit",
+        lambda: eqopt.contrib.muon(1e-2, mu_dtype=Q8),
+        no_parity_reason=NO_PARITY,
+    ),
+]
+
+
+# ---------------------------------------------------------------------------
+# The maps
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_dynamic_map_is_the_papers_definition(bits):
+    """Dettmers et al.: b-1 decades, 2^i linearly spaced midpoints in decade i,
+    their negatives, zero and one."""
+    table = dynamic_map(bits)
+    decades = bits - 1
+    assert table.shape == (2**bits,)
+    assert np.all(np.diff(table) > 0)
+    assert table[2**decades - 1] == 0.0 and table[-1] == 1.0
+    positive = table[2**decades : -1]
+    expected = []
+    for i in range(decades):
+        width = 0.9 / 2**i
+        expected += [
+            10.0 ** (i - decades + 1) * (0.1 + width * (j + 0.5)) for j in range(2**i)
+        ]
+    np.testing.assert_allclose(positive, expected, rtol=1e-6)
+    np.testing.assert_array_equal(table[: 2**decades - 1], -positive[::-1])
+
+
+@pytest.mark.parametrize("bits,exponent_bits", [(8, 7), (4, 3)])
+def test_dynamic_map_matches_bitsandbytes(bits, exponent_bits):
+    try:
+        import bitsandbytes.functional as bnb_functional
+    except Exception as error:  # noqa: BLE001 (any import failure: CPU-only builds vary)
+        pytest.skip(f"bitsandbytes does not import here: {error}")
+    reference = bnb_functional.create_dynamic_map(
+        signed=True, max_exponent_bits=exponent_bits, total_bits=bits
+    ).numpy()
+    # bitsandbytes pads a map shorter than 256 entries with zeros.
+    np.testing.assert_array_equal(np.unique(reference), dynamic_map(bits))
+
+
+@pytest.mark.parametrize(
+    "kind,bits", [(k, b) for k in ("dynamic", "linear", "sqrt") for b in (8, 4)]
+)
+def test_code_is_the_nearest_value_of_the_map(kind, bits):
+    table = decoding_table(kind, bits)
+    low = 0.0 if kind == "sqrt" else -1.0
+    y = np.concatenate(
+        [np.linspace(low, 1.0, 40001, dtype=np.float32), table, [0.0, 1e-9]]
+    ).astype(np.float32)
+    codes = np.asarray(_encode(jnp.asarray(y), kind, bits)).astype(np.int64)
+    chosen = np.abs(y - table[codes])
+    best = np.min(np.abs(y[:, None] - table[None, :]), axis=1)
+    assert np.all(chosen <= best + 1e-7)
+    # Every value of the map is its own code.
+    np.testing.assert_array_equal(
+        table[np.asarray(_encode(jnp.asarray(table), kind, bits)).astype(np.int64)],
+        table,
+    )
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_dynamic_decoding_is_the_map(bits):
+    """Decoding is arithmetic too; it gives the map's values to one float32 rounding."""
+    codes = jnp.arange(2**bits, dtype=jnp.uint8)[None, :]
+    q = QuantizedArray(
+        codes=codes if bits == 8 else (codes[:, 0::2] | (codes[:, 1::2] << 4)),
+        scales=jnp.ones(1),
+        shape=(2**bits,),
+        dtype=jnp.float32,
+        bits=bits,
+        kind="dynamic",
+    )
+    np.testing.assert_allclose(q.dequantize(), dynamic_map(bits), rtol=2e-7, atol=0)
+
+
+def test_code_lookup_is_arithmetic():
+    """No search or sort in the jitted quantiser (searchsorted took 3-10x a whole Adam step)."""
+    x = jnp.ones((4096,))
+    for kind in ("dynamic", "linear", "sqrt"):
+        jaxpr = str(
+            jax.make_jaxpr(
+                lambda x, k=kind: QuantizedArray.quantize(x, 8, k, 256).dequantize()
+            )(x)
+        )
+        for primitive in ("sort", "while", "searchsorted", "scan", "gather"):
+            assert primitive not in jaxpr, (kind, primitive)
+
+
+# ---------------------------------------------------------------------------
+# Error bounds
+# ---------------------------------------------------------------------------
+
+
+def _blocks(x, block):
+    return np.asarray(x).reshape(-1, block)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_linear_first_moment_error_is_half_a_step_of_the_block_maximum(bits):
+    block = 64
+    x = jax.random.normal(jax.random.key(0), (32, block)) * jnp.exp(
+        jax.random.normal(jax.random.key(1), (32, 1))
+    )
+    q = QuantizedArray.quantize(x, bits, "linear", block)
+    error = np.abs(np.asarray(q.dequantize()) - np.asarray(x))
+    bound = np.max(np.abs(_blocks(x, block)), axis=1, keepdims=True) / (
+        2 * (2 ** (bits - 1) - 1)
+    )
+    assert np.all(error <= bound * (1 + 1e-5) + 1e-12)
+    # Exact at zero and at each block's maximum.
+    assert np.all(np.abs(np.asarray(q.dequantize()))[np.asarray(x) == 0] == 0)
+    rows = _blocks(x, block)
+    top = np.argmax(np.abs(rows), axis=1)
+    deq = _blocks(q.dequantize(), block)
+    np.testing.assert_allclose(
+        deq[np.arange(32), top], rows[np.arange(32), top], rtol=1e-6
+    )
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_dynamic_first_moment_error_is_half_a_step_of_its_decade(bits):
+    block = 128
+    x = jax.random.normal(jax.random.key(2), (16, block)) * 10.0 ** jax.random.uniform(
+        jax.random.key(3), (16, block), minval=-4, maxval=0
+    )
+    q = QuantizedArray.quantize(x, bits, "dynamic", block)
+    rows = _blocks(x, block)
+    scale = np.max(np.abs(rows), axis=1, keepdims=True)
+    y = rows / scale
+    deq = _blocks(q.dequantize(), block) / scale
+    # Half the gap between the two values of the map around y (-1 has no code:
+    # it goes to the largest negative value, as in bitsandbytes); within decade i
+    # that is half of 10^(i-E+1) * 0.9 / 2^i (the largest gap, between 0.99 and
+    # 1, is 0.0066 of the block maximum at 8 bits).
+    table = dynamic_map(bits)
+    upper = np.clip(np.searchsorted(table, y), 1, len(table) - 1)
+    bound = (table[upper] - table[upper - 1]) / 2
+    bound = np.where(y < table[0], table[0] - y, bound)
+    assert np.all(np.abs(deq - y) <= bound * (1 + 1e-5) + 1e-9)
+    assert np.max(bound) <= (0.0071 if bits == 8 else 0.12)
+    assert np.all(np.sign(deq)[deq != 0] == np.sign(rows)[deq != 0])
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_second_moment_is_zero_safe_and_bounded(bits):
+    """sqrt(v) on a linear map without zero: error half a step of sqrt(max v) above
+    the first level, never decoded to zero unless the block is zero (Li et al.)."""
+    block, levels = 128, 2**bits
+    v = (jax.random.normal(jax.random.key(4), (8, block)) * 1e-3) ** 2
+    v = v.at[0].set(0.0).at[1, :5].set(0.0)
+    q = QuantizedArray.quantize(v, bits, "sqrt", block)
+    root = np.sqrt(_blocks(v, block))
+    deq = np.sqrt(_blocks(q.dequantize(), block))
+    scale = np.max(root, axis=1, keepdims=True)
+    error = np.abs(deq - root)
+    above = root >= scale / levels
+    assert np.all(
+        error[above]
+        <= (scale / (2 * levels) * (1 + 1e-5) + 1e-12)[np.nonzero(above)[0]].ravel()
+    )
+    assert np.all(
+        deq[~above] <= (scale / levels * (1 + 1e-5))[np.nonzero(~above)[0]].ravel()
+    )
+    # A zero block decodes to zero; elsewhere nothing decodes to zero.
+    assert np.all(deq[0] == 0)
+    assert np.all(deq[1:] > 0)
+
+
+def test_linear_map_of_nu_itself_would_round_to_zero():
+    """The failure the zero-free sqrt scheme avoids: a linear 8-bit map of v
+    (with a zero code) sends small second moments to zero."""
+    v = (
+        jax.random.normal(jax.random.key(5), (256,))
+        * jnp.exp(2 * jax.random.normal(jax.random.key(6), (256,)))
+    ) ** 2
+    naive = jnp.round(v / jnp.max(v) * 255) / 255 * jnp.max(v)
+    assert int(jnp.sum(naive == 0)) > 10
+    q = QuantizedArray.quantize(v, 8, "sqrt", 256)
+    assert int(jnp.sum(q.dequantize() == 0)) == 0
+
+
+# ---------------------------------------------------------------------------
+# State, memory and training
+# ---------------------------------------------------------------------------
+
+
+def _big_model():
+    keys = jax.random.split(jax.random.key(0), 3)
+    return {
+        "w": jax.random.normal(keys[0], (1024, 1024)) * 0.02,
+        "v": jax.random.normal(keys[1], (1000, 257)) * 0.02,
+        "b": jnp.zeros(1024),
+    }
+
+
+def _state_bytes(state):
+    return sum(
+        x.size * x.dtype.itemsize
+        for x in jax.tree.leaves(state)
+        if eqx.is_array(x) and x.ndim > 0
+    )
+
+
+@pytest.mark.parametrize("bits,limit", [(8, 2.1), (4, 1.1)])
+def test_adam_state_bytes_per_parameter(bits, limit):
+    params = _big_model()
+    n = sum(x.size for x in jax.tree.leaves(params))
+    fmt = eqopt.Quantized(bits)
+    state = eqopt.adam(1e-3, mu_dtype=fmt, nu_dtype=fmt).init(params)
+    per_param = _state_bytes(state) / n
+    assert per_param <= limit
+    assert isinstance(state[0].mu["w"], eqopt.QuantizedArray)
+    # The bias is below `min_size`: kept in float32.
+    assert state[0].mu["b"].dtype == jnp.float32
+    assert _state_bytes(eqopt.adam(1e-3).init(params)) / n == 8
+
+
+def test_init_builds_codes_without_quantising():
+    params = _big_model()
+    fmt = eqopt.Quantized(8)
+    opt = eqopt.adam(1e-3, mu_dtype=fmt, nu_dtype=fmt)
+    jaxpr = str(jax.make_jaxpr(opt.init)(params))
+    assert "log" not in jaxpr and "round" not in jaxpr and "reduce_max" not in jaxpr
+    state = opt.init(params)
+    assert float(jnp.max(jnp.abs(state[0].mu["w"].dequantize()))) == 0.0
+    rms = eqopt.rmsprop(1e-3, initial_scale=0.25, nu_dtype=fmt).init(params)
+    np.testing.assert_allclose(rms[0].nu["w"].dequantize(), 0.25, rtol=1e-6)
+
+
+def _train(opt, params, steps=60, spread=1.0):
+    state = opt.init(params)
+
+    @jax.jit
+    def step(params, state, key):
+        keys = jax.random.split(key)
+        scales = jnp.exp(spread * jax.random.normal(jax.random.key(9), (1024, 1)))
+        grads = jax.tree.map(
+            lambda p: 1e-3 * jax.random.normal(keys[0], p.shape), params
+        )
+        grads["w"] = grads["w"] * scales + 1e-3 * jnp.sin(params["w"] * 10)
+        updates, state = opt.update(grads, state, params)
+        return eqopt.apply_updates(params, updates), state, updates
+
+    for i in range(steps):
+        params, state, updates = step(params, state, jax.random.key(i))
+    return params, state, updates
+
+
+def _cosine(a, b):
+    a, b = jnp.ravel(a), jnp.ravel(b)
+    return float(a @ b / (jnp.linalg.norm(a) * jnp.linalg.norm(b)))
+
+
+@pytest.mark.parametrize("bits,cosine", [(8, 0.99), (4, 0.9)])
+def test_quantised_adam_stays_close_to_float32_adam(bits, cosine):
+    params = _big_model()
+    fmt = eqopt.Quantized(bits)
+    reference = _train(eqopt.adam(1e-3), params)
+    quantised = _train(eqopt.adam(1e-3, mu_dtype=fmt, nu_dtype=fmt), params)
+    assert _cosine(reference[2]["w"], quantised[2]["w"]) > cosine
+    moved = reference[0]["w"] - params["w"]
+    assert _cosine(moved, quantised[0]["w"] - params["w"]) > cosine
+    # The readable state: `tree.get` dequantises, close to float32 Adam's moments.
+    mu = eqopt.tree.get(quantised[1], "mu")["w"]
+    assert mu.shape == (1024, 1024) and mu.dtype == jnp.float32
+    assert _cosine(mu, eqopt.tree.get(reference[1], "mu")["w"]) > cosine
+
+
+def test_quantised_state_serialises_and_round_trips():
+    params = _big_model()
+    fmt = eqopt.Quantized(4)
+    opt = eqopt.adamw(1e-3, mu_dtype=fmt, nu_dtype=fmt)
+    _, state, _ = _train(opt, params, steps=3)
+    buffer = io.BytesIO()
+    eqx.tree_serialise_leaves(buffer, state)
+    buffer.seek(0)
+    restored = eqx.tree_deserialise_leaves(buffer, opt.init(params))
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert restored[0].mu["w"].codes.dtype == jnp.uint8
+
+
+def test_quantised_state_checkpoints_with_orbax(tmp_path):
+    ocp = pytest.importorskip("orbax.checkpoint")
+    params = _big_model()
+    fmt = eqopt.Quantized(8)
+    opt = eqopt.adam(1e-3, mu_dtype=fmt, nu_dtype=fmt)
+    _, state, _ = _train(opt, params, steps=2)
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(tmp_path / "state", state)
+    checkpointer.wait_until_finished()
+    restored = checkpointer.restore(tmp_path / "state", opt.init(params))
+    np.testing.assert_array_equal(restored[0].nu["w"].codes, state[0].nu["w"].codes)
+    np.testing.assert_array_equal(
+        restored[0].mu["w"].dequantize(), state[0].mu["w"].dequantize()
+    )
+
+
+def test_packed_model_gives_the_per_leaf_numbers():
+    params = _big_model()
+    fmt = eqopt.Quantized(8)
+    opt = eqopt.adam(1e-3, mu_dtype=fmt, nu_dtype=fmt)
+    assert not opt.elementwise
+    packed = eqopt.pack(params)
+    state, packed_state = opt.init(params), opt.init(packed)
+    grads = jax.tree.map(lambda p: jnp.cos(p * 7.0), params)
+    updates, _ = opt.update(grads, state, params)
+    packed_updates, packed_state = opt.update(
+        eqopt.Packed.like(packed, grads), packed_state, packed
+    )
+    for a, b in zip(
+        jax.tree.leaves(packed_updates.unpack()), jax.tree.leaves(updates), strict=True
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+    assert isinstance(packed_state[0].mu["w"], eqopt.QuantizedArray)
+
+
+def test_vmap_over_learning_rates_with_quantised_moments():
+    params = {"w": jnp.ones((64, 64))}
+    fmt = eqopt.Quantized(8, min_size=0)
+    grads = {"w": jnp.linspace(-1, 1, 64 * 64).reshape(64, 64)}
+
+    def step(lr):
+        opt = eqopt.adam(lr, mu_dtype=fmt, nu_dtype=fmt)
+        return opt.update(grads, opt.init(params), params)[0]["w"]
+
+    out = jax.vmap(step)(jnp.array([1e-3, 1e-2]))
+    np.testing.assert_allclose(out[1], 10 * out[0], rtol=1e-5)
+
+
+def test_bad_format_is_one_short_error():
+    with pytest.raises(ValueError, match="bits"):
+        eqopt.Quantized(3)
+    with pytest.raises(ValueError, match="block_size"):
+        eqopt.Quantized(8, block_size=7)
+    with pytest.raises(ValueError, match="uncentred"):
+        eqopt.rmsprop(1e-3, centered=True, nu_dtype=eqopt.Quantized(8))
