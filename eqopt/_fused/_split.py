@@ -68,4 +68,3 @@ def split_buffer(buffer: Any, sizes: tuple[int, ...], sharded: bool = False) -> 
     if sharded or not 0 < buffer.shape[0] <= _MAX_RUNTIME_OFFSET_SIZE:
         return tuple(jax.lax.split(buffer, sizes))
     return _split_runtime(buffer, tuple(sizes))
-
