@@ -27,12 +27,8 @@ def debias(moment, correction):
     """One leaf of `bias_correction`: `moment / correction`, in the moment's dtype.
 
     `correction` is $1 - \\beta^t$, computed once per step rather than per leaf.
-    The moment is multiplied by the reciprocal: XLA turns a division by a
-    scalar into that multiplication on some kernels and not on others (on CPU,
-    on one large buffer but not on many small leaves), so dividing gave the
-    packed and per-leaf paths numbers one rounding apart.
     """
-    return correction.astype(moment.dtype) ** -1 * moment
+    return moment / correction.astype(moment.dtype)
 
 
 def safe_norm(

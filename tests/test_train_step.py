@@ -138,24 +138,33 @@ def test_unpack_supports_forward_mode_vmap_and_second_order():
     "make",
     [
         lambda: eqopt.sgd(1e-2, momentum=0.9),
-        lambda: eqopt.adam(1e-2),
-        lambda: eqopt.adamw(1e-2, weight_decay=1e-2),
         lambda: eqopt.lion(1e-3, weight_decay=1e-2),
     ],
-    ids=["sgdm", "adam", "adamw", "lion"],
+    ids=["sgdm", "lion"],
 )
 def test_whole_steps_agree_exactly(make):
-    """Packed, bucketed and per-leaf training steps give bit-identical params."""
+    """Packed, bucketed and per-leaf training steps give bit-identical params: the
+    gradient through `unpack` is the per-leaf gradient to the bit."""
     per_leaf, packed, buckets = _run(make())
     _assert_identical(packed, per_leaf)
     _assert_identical(buckets, per_leaf)
 
 
-def test_clipped_steps_agree_to_the_rounding_of_the_norm():
-    """Global-norm clipping sums the squares leaf by leaf on the per-leaf path and
-    over the buffer on the packed one: the norms differ by the rounding of a sum, so
-    the params agree to a few units in the last place, not bit for bit."""
-    per_leaf, packed, buckets = _run(_cosine_clipped_adamw())
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: eqopt.adam(1e-2),
+        lambda: eqopt.adamw(1e-2, weight_decay=1e-2),
+        _cosine_clipped_adamw,
+    ],
+    ids=["adam", "adamw", "clip+adamw+cos"],
+)
+def test_whole_steps_agree_to_a_few_roundings(make):
+    """Adam's bias correction divides by a scalar, which XLA on CPU turns into a
+    multiplication by its reciprocal on some kernels (one large buffer) and not on
+    others (many small leaves); global-norm clipping sums the squares leaf by leaf
+    or over the buffer. The params agree to a few units in the last place."""
+    per_leaf, packed, buckets = _run(make())
     for x, y, z in zip(
         _arrays(per_leaf), _arrays(packed), _arrays(buckets), strict=True
     ):
