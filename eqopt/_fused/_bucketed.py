@@ -51,10 +51,14 @@ class BucketedState(eqx.Module):
 #: many elements. Past it, one leaf's arithmetic costs more than the few
 #: microseconds of per-leaf overhead that bucketing saves, while the extra pass
 #: bucketing makes (gathering the gradients, scattering the updates) grows with
-#: the size: on one 33M-element leaf it made clipped AdamW 2.5 times slower.
-MAX_MEAN_LEAF_SIZE = 16_384
-#: ...and when there are at least this many trainable leaves per buffer.
-MIN_LEAVES_PER_BUFFER = 8
+#: the size. Whole training steps (benchmarks/train_step_bench.py) put the line
+#: between 136 elements a leaf (200 residual layers: 0.42-0.81 of Optax's step)
+#: and 3.9k-4.8k (a small ResNet and transformer: 0.70-1.25, A/A 0.92-1.02);
+#: on one 33M-element leaf bucketing made clipped AdamW 2.5 times slower.
+MAX_MEAN_LEAF_SIZE = 1024
+#: ...and when there are at least this many trainable leaves per buffer (a
+#: 28-leaf transformer gained nothing).
+MIN_LEAVES_PER_BUFFER = 32
 
 
 def _worth_bucketing(layout: Any) -> bool:
@@ -88,8 +92,8 @@ class Bucketed(AbstractGradientTransformation):
 
     - `inner`: the transform (an eqopt transform or an Optax-style pair).
     - `always`: bucket whatever the params. By default (`False`) `init` chooses:
-      it buckets when there are at least `MIN_LEAVES_PER_BUFFER` (8) trainable
-      leaves per buffer and they average at most `MAX_MEAN_LEAF_SIZE` (16,384)
+      it buckets when there are at least `MIN_LEAVES_PER_BUFFER` (32) trainable
+      leaves per buffer and they average at most `MAX_MEAN_LEAF_SIZE` (1024)
       elements, and otherwise keeps the per-leaf plan, where bucketing would
       only add a gather and a scatter per step. The choice is made once, at
       `init`, from the shapes, and read back with `state.is_bucketed`.
