@@ -24,7 +24,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from . import _sharding
+from ._fused._bucketed import Bucketed
 
 #: Leaves with fewer elements than this keep their layout by default: splitting
 #: them saves little memory and adds a collective per leaf to every step.
@@ -284,7 +284,7 @@ class ZeroPlan(eqx.Module):
     layout. A step with data parallelism then reads, per device:
 
     $$
-    g \xrightarrow{\text{own shard}} g_i,\quad
+    g \xrightarrow{\text{own part}} g_i,\quad
     (u_i, s_i') = \operatorname{update}(g_i, s_i, p_i),\quad
     u = \operatorname{all\text{-}gather}(u_i)
     $$
@@ -299,6 +299,8 @@ class ZeroPlan(eqx.Module):
 
     - `mesh`, `axis`, `min_size`: as given to [`eqopt.zero_plan`][].
     - `param_shardings`: the params' own shardings (a pytree like the params).
+    - `split_param_shardings`: the params' shardings split by the same rule as
+      the state, on which `update` computes.
     - `state_shardings`: the ZeRO sharding of each array leaf of the state.
     - `abstract_state`: the state as `jax.ShapeDtypeStruct`s carrying those
       shardings (the target for restoring a checkpoint onto this mesh).
@@ -327,6 +329,7 @@ class ZeroPlan(eqx.Module):
     axis: str | tuple[str, ...] = eqx.field(static=True)
     min_size: int = eqx.field(static=True)
     param_shardings: Any
+    split_param_shardings: Any
     state_shardings: Any
     abstract_state: Any
     unsplit_leaves: tuple[tuple[str, str], ...] = eqx.field(static=True)
@@ -377,15 +380,35 @@ class ZeroPlan(eqx.Module):
         parameters) split like the state, and on explicit axes the next forward
         pass then fails.
         """
-        updates = constrain(updates, self.param_shardings)
+        # The gradients and params are cut like the state (on a replicated
+        # gradient each device keeps its own part; XLA can fuse the data-parallel
+        # all-reduce with this into a reduce-scatter), so that every array the
+        # update combines is laid out alike.
+        updates = constrain(updates, self.split_param_shardings)
         state = constrain(state, self.state_shardings)
         if params is not None:
-            params = constrain(params, self.param_shardings)
+            params = constrain(params, self.split_param_shardings)
+        extra_args = {
+            name: self._split_like_params(value) for name, value in extra_args.items()
+        }
         updates, state = opt.update(updates, state, params, **extra_args)
         return (
             constrain(updates, self.param_shardings),
             constrain(state, self.state_shardings),
         )
+
+
+    def _split_like_params(self, value: Any) -> Any:
+        # An extra argument shaped like the params (a line search's `grad`) is
+        # cut like them; any other is passed as it is.
+        shape = jax.tree.structure(self.split_param_shardings, is_leaf=_is_none)
+        if jax.tree.structure(value, is_leaf=_is_none) != shape:
+            return value
+        return constrain(value, self.split_param_shardings)
+
+
+def _is_none(x: Any) -> bool:
+    return x is None
 
 
 def zero_plan(
@@ -432,11 +455,16 @@ def zero_plan(
         state_shardings,
         is_leaf=lambda x: x is None,
     )
+    if isinstance(opt, Bucketed):
+        # Bucketed state packs the gradients into buffers first: they are
+        # concatenated as laid out, and the state's split buffers cut the result.
+        split_params = param_shardings
     return ZeroPlan(
         mesh=mesh,
         axis=axes[0] if len(axes) == 1 else axes,
         min_size=min_size,
         param_shardings=param_shardings,
+        split_param_shardings=split_params,
         state_shardings=state_shardings,
         abstract_state=abstract_state,
         unsplit_leaves=_reasons(plans),
