@@ -41,8 +41,7 @@ import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E402
-from step_bench import TREE_MAKERS  # noqa: E402
-from step_bench import parse_args as step_bench_args  # noqa: E402
+from step_bench import TREE_MAKERS, parse_args as step_bench_args  # noqa: E402
 
 import eqopt  # noqa: E402
 
@@ -152,7 +151,8 @@ def main():
         rng = np.random.default_rng(1)
         grads = jax.device_put(
             jax.tree.map(
-                lambda x: rng.standard_normal(x.shape, np.float32) * 1e-3, tree
+                lambda x, rng=rng: rng.standard_normal(x.shape, np.float32) * 1e-3,
+                tree,
             ),
             replicated,
         )

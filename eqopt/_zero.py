@@ -22,7 +22,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ._fused._bucketed import Bucketed
 
@@ -66,7 +66,11 @@ def _names(entry: Any) -> tuple:
 
 
 def _split_leaf(
-    shape: tuple[int, ...], entries: list, axes: tuple[str, ...], size: int, min_size: int
+    shape: tuple[int, ...],
+    entries: list,
+    axes: tuple[str, ...],
+    size: int,
+    min_size: int,
 ) -> tuple[list, str | None]:
     """The entries with `axes` added by the ZeRO rule, and why not where it is not."""
     if not shape:
@@ -75,7 +79,10 @@ def _split_leaf(
     if used & set(axes):
         return entries, None  # split already (by its parameter, or an FSDP layout)
     if int(np.prod(shape)) < min_size:
-        return entries, f"{int(np.prod(shape))} elements, fewer than min_size={min_size}"
+        return (
+            entries,
+            f"{int(np.prod(shape))} elements, fewer than min_size={min_size}",
+        )
     for dim, (length, entry) in enumerate(zip(shape, entries, strict=True)):
         if entry is None and length % size == 0:
             split = list(entries)
@@ -119,7 +126,11 @@ def _reasons(plans: Any) -> tuple[tuple[str, str], ...]:
 
 
 def zero_shardings(
-    state: Any, mesh: Mesh, axis: str | Sequence[str] = "data", *, min_size: int = MIN_SIZE
+    state: Any,
+    mesh: Mesh | AbstractMesh,
+    axis: str | Sequence[str] = "data",
+    *,
+    min_size: int = MIN_SIZE,
 ) -> Any:
     """The ZeRO-1 sharding of each array leaf of an optimiser state.
 
@@ -135,7 +146,8 @@ def zero_shardings(
     - `state`: an optimiser state, or the abstract one from
       `eqx.filter_eval_shape(opt.init, params)` (`jax.ShapeDtypeStruct` leaves,
       which `eqx.is_array` does not count as arrays; they are counted here).
-    - `mesh`: the `jax.sharding.Mesh`.
+    - `mesh`: the `jax.sharding.Mesh` (or a `jax.sharding.AbstractMesh`, to
+      plan without devices).
     - `axis`: the mesh axis (or tuple of axes) to split the state over.
     - `min_size`: leaves with fewer elements are not split.
 
@@ -154,7 +166,11 @@ def zero_shardings(
 
 
 def zero_unsplit(
-    state: Any, mesh: Mesh, axis: str | Sequence[str] = "data", *, min_size: int = MIN_SIZE
+    state: Any,
+    mesh: Mesh | AbstractMesh,
+    axis: str | Sequence[str] = "data",
+    *,
+    min_size: int = MIN_SIZE,
 ) -> dict[str, str]:
     """The array leaves of `state` that [`eqopt.zero_shardings`][] leaves whole
     over `axis`, each with the reason: `{path: reason}`.
@@ -203,7 +219,11 @@ def _explicit(sharding: Any) -> bool:
 
 
 def shard_state(
-    state: Any, mesh: Mesh, axis: str | Sequence[str] = "data", *, min_size: int = MIN_SIZE
+    state: Any,
+    mesh: Mesh,
+    axis: str | Sequence[str] = "data",
+    *,
+    min_size: int = MIN_SIZE,
 ) -> Any:
     """`state` laid out on its [`eqopt.zero_shardings`][]: ZeRO-1 for a state built
     already (outside `jit`; to build it straight into this layout without
@@ -228,7 +248,9 @@ def _shardings_of(tree: Any, mesh: Mesh) -> Any:
 
 def _explicit_mesh(mesh: Mesh) -> Mesh:
     return Mesh(
-        mesh.devices, mesh.axis_names, axis_types=(AxisType.Explicit,) * mesh.devices.ndim
+        mesh.devices,
+        mesh.axis_names,
+        axis_types=(AxisType.Explicit,) * mesh.devices.ndim,
     )
 
 
@@ -396,7 +418,6 @@ class ZeroPlan(eqx.Module):
             constrain(updates, self.param_shardings),
             constrain(state, self.state_shardings),
         )
-
 
     def _split_like_params(self, value: Any) -> Any:
         # An extra argument shaped like the params (a line search's `grad`) is
