@@ -21,6 +21,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.core
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 

@@ -152,6 +152,10 @@ def main(args):
     opt = eqopt.adam(1e-2)
     plan = eqopt.zero_plan(opt, model, mesh, axis="data")
     state = plan.init(opt, model)  # each device builds its own eighth
+    print(
+        "left whole:",
+        ", ".join(f"{path} ({why})" for path, why in plan.unsplit.items()),
+    )
     mu = state[0].mu.layers[0].weight
     print(
         f"mu of layers[0].weight {mu.shape}: {mu.sharding.spec}, "
