@@ -12,8 +12,13 @@ The rule, for each array leaf of the state: keep the sharding it has (the one
 of its parameter), and add the data axis to its first dimension that divides
 evenly by the axis size and is not already sharded. Leaves that cannot be
 split keep their layout: scalars (counts, hyperparameters), leaves smaller than
-`min_size`, leaves already sharded over the axis, and leaves with no such
-dimension.
+`min_size`, and leaves with no such dimension. A leaf already sharded over the
+axis (the moment of a fully sharded parameter) is left as it is.
+
+`zero_plan` applies the rule to the params too and reads the state's layout
+from `init` on explicitly sharded stand-ins (`_abstract_state`), so that a
+state leaf made from a parameter (a moment, L-BFGS's stack of past
+differences, a packed buffer) is split like the gradient it is combined with.
 """
 
 from collections.abc import Sequence
