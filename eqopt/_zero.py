@@ -342,6 +342,8 @@ class ZeroPlan(eqx.Module):
     !!! example
 
         ```python
+        opt = eqopt.adam(1e-3)
+        mesh = jax.make_mesh((jax.device_count(),), ("data",))
         plan = eqopt.zero_plan(opt, model, mesh, axis="data")
         state = plan.init(opt, model)  # already split: never whole on a device
 
@@ -350,6 +352,8 @@ class ZeroPlan(eqx.Module):
             grads = eqx.filter_grad(loss_fn)(model, x, y)
             updates, state = plan.update(opt, grads, state, model)
             return eqopt.apply_updates(model, updates), state
+
+        model, state = step(opt, model, state, x, y)
         ```
     """
 
