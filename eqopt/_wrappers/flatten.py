@@ -54,6 +54,10 @@ def _unravel(flat: Any, updates: Any, positions: list[int], like: Any) -> Any:
     like_leaves = jax.tree.leaves(like, is_leaf=is_none)
     out = [None] * len(leaves)
     offset = 0
+    if flat is not None:
+        # Split over an explicit axis (a ZeRO-1 state makes it so), the vector
+        # is gathered before it is cut into leaves.
+        flat = _sharding.gathered(flat)[0]
     for i in positions:
         reference = like_leaves[i]
         size = reference.size

@@ -226,7 +226,8 @@ class ScaleByGaLore(AbstractGradientTransformation):
                 full = _sharding.gathered(matrix)[0].astype(svd_dtype)
                 u, _, vh = jnp.linalg.svd(full, full_matrices=False)
                 basis = u[:, :r] if left else vh[:r, :].conj().T
-                return basis.astype(g.dtype)
+                # Laid out as the state keeps it (split under ZeRO-1).
+                return _sharding.like(basis.astype(g.dtype), projector)
 
             projector = jax.lax.cond(refresh, fresh, lambda: projector)
             if left:

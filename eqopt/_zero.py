@@ -1,0 +1,502 @@
+"""Optimiser state sharded over the data axis of a mesh (ZeRO stage 1).
+
+In data-parallel training every device holds the whole model, and by default
+the whole optimiser state: Adam's two moments are twice the model, on every
+device. ZeRO-1 (Rajbhandari et al., 2020) splits the *state* over the devices
+of the data axis, so that each holds $1/n$ of it, while the parameters and
+gradients keep their own layout. eqopt owns its state, so the layout is one
+call: these helpers compute shardings and constraints, and JAX's own engine
+(`jit` with shardings, `jax.distributed`, Orbax) moves the bytes.
+
+The rule, for each array leaf of the state: keep the sharding it has (the one
+of its parameter), and add the data axis to its first dimension that divides
+evenly by the axis size and is not already sharded. Leaves that cannot be
+split keep their layout: scalars (counts, hyperparameters), leaves smaller than
+`min_size`, and leaves with no such dimension. A leaf already sharded over the
+axis (the moment of a fully sharded parameter) is left as it is.
+
+`zero_plan` applies the rule to the params too and reads the state's layout
+from `init` on explicitly sharded stand-ins (`_abstract_state`), so that a
+state leaf made from a parameter (a moment, L-BFGS's stack of past
+differences, a packed buffer) is split like the gradient it is combined with.
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.core
+import numpy as np
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
+
+from ._fused._bucketed import Bucketed
+
+#: Leaves with fewer elements than this keep their layout by default: splitting
+#: them saves little memory and adds a collective per leaf to every step.
+MIN_SIZE = 1024
+
+
+def _is_array_like(x: Any) -> bool:
+    # `eqx.is_array` is False for the `jax.ShapeDtypeStruct`s of an abstract state.
+    return isinstance(x, (jax.Array, jax.ShapeDtypeStruct, np.ndarray))
+
+
+def _axes(axis: str | Sequence[str]) -> tuple[str, ...]:
+    return (axis,) if isinstance(axis, str) else tuple(axis)
+
+
+def _axis_size(mesh: Any, axes: tuple[str, ...]) -> int:
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+    missing = [name for name in axes if name not in sizes]
+    if missing:
+        raise ValueError(
+            f"the mesh has no axis {missing[0]!r} (its axes are {mesh.axis_names})"
+        )
+    return int(np.prod([sizes[name] for name in axes]))
+
+
+def _entries(sharding: Any, mesh: Any, ndim: int) -> list:
+    """The `PartitionSpec` entries of `sharding` padded to `ndim`, or all `None`
+    where the leaf is not laid out on a mesh with `mesh`'s axes."""
+    spec = getattr(sharding, "spec", None)
+    if spec is None or tuple(sharding.mesh.axis_names) != tuple(mesh.axis_names):
+        return [None] * ndim
+    return [*spec, *[None] * (ndim - len(spec))]
+
+
+def _names(entry: Any) -> tuple:
+    if entry is None:
+        return ()
+    return entry if isinstance(entry, tuple) else (entry,)
+
+
+def _split_leaf(
+    shape: tuple[int, ...],
+    entries: list,
+    axes: tuple[str, ...],
+    size: int,
+    min_size: int,
+) -> tuple[list, str | None]:
+    """The entries with `axes` added by the ZeRO rule, and why not where it is not."""
+    if not shape:
+        return entries, "a scalar"
+    used = {name for entry in entries for name in _names(entry)}
+    if used & set(axes):
+        return entries, None  # split already (by its parameter, or an FSDP layout)
+    if int(np.prod(shape)) < min_size:
+        return (
+            entries,
+            f"{int(np.prod(shape))} elements, fewer than min_size={min_size}",
+        )
+    for dim, (length, entry) in enumerate(zip(shape, entries, strict=True)):
+        if entry is None and length % size == 0:
+            split = list(entries)
+            split[dim] = axes[0] if len(axes) == 1 else axes
+            return split, None
+    return entries, f"no unsharded dimension of {shape} divisible by {size}"
+
+
+def _plan(tree: Any, mesh: Any, axis: str | Sequence[str], min_size: int):
+    """Per array leaf of `tree`: its ZeRO sharding on `mesh` and why it was not
+    split (`None` where it was)."""
+    axes = _axes(axis)
+    size = _axis_size(mesh, axes)
+
+    def leaf_plan(x):
+        if not _is_array_like(x):
+            return None
+        sharding = getattr(x, "sharding", None)
+        entries = _entries(sharding, mesh, len(x.shape))
+        split, reason = _split_leaf(tuple(x.shape), entries, axes, size, min_size)
+        return NamedSharding(mesh, PartitionSpec(*split)), reason
+
+    return jax.tree.map(leaf_plan, tree, is_leaf=lambda x: x is None)
+
+
+def _is_plan(x: Any) -> bool:
+    return isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], NamedSharding)
+
+
+def _shardings(plans: Any) -> Any:
+    return jax.tree.map(lambda plan: plan[0], plans, is_leaf=_is_plan)
+
+
+def _reasons(plans: Any) -> tuple[tuple[str, str], ...]:
+    flat = jax.tree_util.tree_flatten_with_path(plans, is_leaf=_is_plan)[0]
+    return tuple(
+        (jax.tree_util.keystr(path), plan[1])
+        for path, plan in flat
+        if _is_plan(plan) and plan[1] is not None
+    )
+
+
+def zero_shardings(
+    state: Any,
+    mesh: Mesh | AbstractMesh,
+    axis: str | Sequence[str] = "data",
+    *,
+    min_size: int = MIN_SIZE,
+) -> Any:
+    """The ZeRO-1 sharding of each array leaf of an optimiser state.
+
+    Each array leaf keeps the sharding it has on `mesh` (its parameter's), and
+    the `axis` of the mesh is added to its first dimension that divides evenly
+    by the axis size and is not already sharded. Scalars, leaves smaller than
+    `min_size` elements and leaves with no such dimension keep their layout
+    ([`eqopt.zero_unsplit`][] lists them); a leaf already sharded over `axis`
+    is left as it is.
+
+    **Arguments:**
+
+    - `state`: an optimiser state, or the abstract one from
+      `eqx.filter_eval_shape(opt.init, params)` (`jax.ShapeDtypeStruct` leaves,
+      which `eqx.is_array` does not count as arrays; they are counted here).
+    - `mesh`: the `jax.sharding.Mesh` (or a `jax.sharding.AbstractMesh`, to
+      plan without devices).
+    - `axis`: the mesh axis (or tuple of axes) to split the state over.
+    - `min_size`: leaves with fewer elements are not split.
+
+    **Returns:**
+
+    A pytree shaped like `state` with a `jax.sharding.NamedSharding` at every
+    array leaf and `None` elsewhere, for `jax.device_put`, `eqx.filter_shard`
+    or the `out_shardings` of `jax.jit`.
+
+    **References:**
+
+    Rajbhandari, Rasley, Ruwase, He, *ZeRO: Memory Optimizations Toward Training
+    Trillion Parameter Models*, SC 2020.
+    """
+    return _shardings(_plan(state, mesh, axis, min_size))
+
+
+def zero_unsplit(
+    state: Any,
+    mesh: Mesh | AbstractMesh,
+    axis: str | Sequence[str] = "data",
+    *,
+    min_size: int = MIN_SIZE,
+) -> dict[str, str]:
+    """The array leaves of `state` that [`eqopt.zero_shardings`][] leaves whole
+    over `axis`, each with the reason: `{path: reason}`.
+
+    Arguments as for [`eqopt.zero_shardings`][].
+    """
+    return dict(_reasons(_plan(state, mesh, axis, min_size)))
+
+
+def constrain(tree: Any, shardings: Any) -> Any:
+    """Places each array of `tree` on the sharding at the same place in `shardings`.
+
+    Outside `jit` this is `jax.device_put`; inside, a sharding constraint
+    (`jax.lax.with_sharding_constraint` on automatic axes, `jax.sharding.reshard`
+    on explicit ones). Leaves of `tree` that are not arrays, or where
+    `shardings` has `None`, are returned unchanged; `tree` may have `None`
+    where `shardings` has a sharding (a gradient that `eqx.filter_grad` did not
+    compute).
+
+    **Arguments:**
+
+    - `tree`: a pytree (a state, gradients, updates, params).
+    - `shardings`: a pytree shaped like `tree` with a sharding or `None` at each
+      leaf, such as [`eqopt.zero_shardings`][] or [`eqopt.ZeroPlan`][]'s fields.
+
+    **Returns:**
+
+    `tree` with its arrays laid out on `shardings`.
+    """
+
+    def place(sharding, x):
+        if sharding is None or not eqx.is_array(x):
+            return x
+        if isinstance(x, jax.core.Tracer):
+            if _explicit(sharding):
+                return jax.sharding.reshard(x, sharding)
+            return jax.lax.with_sharding_constraint(x, sharding)
+        return jax.device_put(x, sharding)
+
+    return jax.tree.map(place, shardings, tree, is_leaf=lambda x: x is None)
+
+
+def _explicit(sharding: Any) -> bool:
+    mesh = sharding.mesh
+    return any(kind == AxisType.Explicit for kind in mesh.axis_types)
+
+
+def shard_state(
+    state: Any,
+    mesh: Mesh,
+    axis: str | Sequence[str] = "data",
+    *,
+    min_size: int = MIN_SIZE,
+) -> Any:
+    """`state` laid out on its [`eqopt.zero_shardings`][]: ZeRO-1 for a state built
+    already (outside `jit`; to build it straight into this layout without
+    materialising it whole, use [`eqopt.zero_plan`][]).
+
+    Arguments as for [`eqopt.zero_shardings`][]; returns the state.
+    """
+    return constrain(state, zero_shardings(state, mesh, axis, min_size=min_size))
+
+
+def _shardings_of(tree: Any, mesh: Mesh) -> Any:
+    """The sharding of each array of `tree` on `mesh` (replicated where it has none)."""
+
+    def sharding(x):
+        if not _is_array_like(x):
+            return None
+        entries = _entries(getattr(x, "sharding", None), mesh, len(x.shape))
+        return NamedSharding(mesh, PartitionSpec(*entries))
+
+    return jax.tree.map(sharding, tree, is_leaf=lambda x: x is None)
+
+
+def _explicit_mesh(mesh: Mesh) -> Mesh:
+    return Mesh(
+        mesh.devices,
+        mesh.axis_names,
+        axis_types=(AxisType.Explicit,) * mesh.devices.ndim,
+    )
+
+
+def _abstract_state(opt: Any, params: Any, param_shardings: Any, mesh: Mesh) -> Any:
+    """The abstract state, each leaf carrying the sharding `opt.init` gives it
+    from params laid out on `param_shardings`.
+
+    Under explicit axes the sharding is part of each array's type, so
+    `eqx.filter_eval_shape` on explicitly sharded stand-ins propagates it
+    through `init` without computing anything: a moment, a stack of them
+    (L-BFGS's memory) or a packed buffer gets the layout of what it is made
+    from. Where a transform's `init` cannot run on explicit axes, the plain
+    abstract state is used (its leaves are then split by the rule alone).
+    """
+    explicit = _explicit_mesh(mesh)
+
+    def stand_in(x, sharding):
+        if not _is_array_like(x):
+            return x
+        spec = PartitionSpec() if sharding is None else sharding.spec
+        return jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=NamedSharding(explicit, spec)
+        )
+
+    stand_ins = jax.tree.map(
+        stand_in, params, param_shardings, is_leaf=lambda x: x is None
+    )
+    try:
+        with jax.set_mesh(explicit):
+            abstract = eqx.filter_eval_shape(opt.init, stand_ins)
+    except Exception:  # a transform whose init needs automatic axes
+        return eqx.filter_eval_shape(opt.init, params)
+
+    def on_mesh(x):
+        if not isinstance(x, jax.ShapeDtypeStruct):
+            return x
+        sharding = getattr(x, "sharding", None)
+        spec = getattr(sharding, "spec", PartitionSpec())
+        return jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=NamedSharding(mesh, spec)
+        )
+
+    return jax.tree.map(on_mesh, abstract)
+
+
+class ZeroPlan(eqx.Module):
+    r"""Where an optimiser's state lives under ZeRO-1, computed without building it.
+
+    Made by [`eqopt.zero_plan`][] from the optimiser, the params (or their
+    abstract shapes) and the mesh. Each array leaf of the state keeps its
+    parameter's sharding and is split over the data axis by the rule of
+    [`eqopt.zero_shardings`][]; the parameters and gradients keep their own
+    layout. A step with data parallelism then reads, per device:
+
+    $$
+    g \xrightarrow{\text{own part}} g_i,\quad
+    (u_i, s_i') = \operatorname{update}(g_i, s_i, p_i),\quad
+    u = \operatorname{all\text{-}gather}(u_i)
+    $$
+
+    where $s_i$ is the device's $1/n$ of the state: the state is never whole on
+    one device. Elementwise transforms compute exactly what they compute
+    unsharded. Transforms that need a whole matrix (Muon's orthogonalisation,
+    GaLore's SVD, the flat vector of [`eqopt.flatten`][]) gather it first, so they
+    give the same numbers too and communicate that matrix each step.
+
+    **Fields:**
+
+    - `mesh`, `axis`, `min_size`: as given to [`eqopt.zero_plan`][].
+    - `param_shardings`: the params' own shardings (a pytree like the params).
+    - `split_param_shardings`: the params' shardings split by the same rule as
+      the state, on which `update` computes.
+    - `state_shardings`: the ZeRO sharding of each array leaf of the state.
+    - `abstract_state`: the state as `jax.ShapeDtypeStruct`s carrying those
+      shardings (the target for restoring a checkpoint onto this mesh).
+    - `unsplit`: `{path: reason}` for the state leaves left whole over `axis`.
+
+    **References:**
+
+    Rajbhandari, Rasley, Ruwase, He, *ZeRO: Memory Optimizations Toward Training
+    Trillion Parameter Models*, SC 2020.
+
+    !!! example
+
+        ```python
+        opt = eqopt.adam(1e-3)
+        mesh = jax.make_mesh((jax.device_count(),), ("data",))
+        plan = eqopt.zero_plan(opt, model, mesh, axis="data")
+        state = plan.init(opt, model)  # already split: never whole on a device
+
+        @eqx.filter_jit
+        def step(opt, model, state, x, y):
+            grads = eqx.filter_grad(loss_fn)(model, x, y)
+            updates, state = plan.update(opt, grads, state, model)
+            return eqopt.apply_updates(model, updates), state
+
+        model, state = step(opt, model, state, x, y)
+        ```
+    """
+
+    mesh: Mesh = eqx.field(static=True)
+    axis: str | tuple[str, ...] = eqx.field(static=True)
+    min_size: int = eqx.field(static=True)
+    param_shardings: Any
+    split_param_shardings: Any
+    state_shardings: Any
+    abstract_state: Any
+    unsplit_leaves: tuple[tuple[str, str], ...] = eqx.field(static=True)
+
+    @property
+    def unsplit(self) -> dict[str, str]:
+        """`{path: reason}` for the state leaves left whole over the axis."""
+        return dict(self.unsplit_leaves)
+
+    def init(self, opt: Any, params: Any) -> Any:
+        """`opt.init(params)`, built straight into the ZeRO layout.
+
+        One `jax.jit` with the state's shardings as `out_shardings`: each device
+        allocates its own part of each leaf only, so the replicated state is
+        never materialised.
+        """
+        opt_arrays, opt_rest = eqx.partition(opt, eqx.is_array)
+        arrays, rest = eqx.partition(params, eqx.is_array)
+        outside: dict[str, Any] = {}
+
+        def build(opt_arrays, arrays):
+            transform = eqx.combine(opt_arrays, opt_rest)
+            state = transform.init(eqx.combine(arrays, rest))
+            state = constrain(state, self.state_shardings)
+            dynamic, outside["static"] = eqx.partition(state, eqx.is_array)
+            leaves, outside["treedef"] = jax.tree.flatten(dynamic)
+            return leaves
+
+        out_shardings = jax.tree.leaves(self.state_shardings)
+        with jax.set_mesh(self.mesh):
+            leaves = jax.jit(build, out_shardings=out_shardings)(opt_arrays, arrays)
+        dynamic = jax.tree.unflatten(outside["treedef"], leaves)
+        return eqx.combine(dynamic, outside["static"])
+
+    def shard(self, state: Any) -> Any:
+        """An existing `state` moved onto (outside `jit`) or constrained to (inside)
+        the ZeRO layout."""
+        return constrain(state, self.state_shardings)
+
+    def update(
+        self, opt: Any, updates: Any, state: Any, params: Any = None, **extra_args: Any
+    ) -> tuple[Any, Any]:
+        """`opt.update(updates, state, params, **extra_args)` inside a jitted step,
+        with the gradients, params and returned updates on the params' own
+        shardings and the state on its ZeRO shardings.
+
+        Without these constraints, XLA is free to return the updates (and so the
+        parameters) split like the state, and on explicit axes the next forward
+        pass then fails.
+        """
+        # The gradients and params are cut like the state (on a replicated
+        # gradient each device keeps its own part; XLA can fuse the data-parallel
+        # all-reduce with this into a reduce-scatter), so that every array the
+        # update combines is laid out alike.
+        updates = constrain(updates, self.split_param_shardings)
+        state = constrain(state, self.state_shardings)
+        if params is not None:
+            params = constrain(params, self.split_param_shardings)
+        extra_args = {
+            name: self._split_like_params(value) for name, value in extra_args.items()
+        }
+        updates, state = opt.update(updates, state, params, **extra_args)
+        return (
+            constrain(updates, self.param_shardings),
+            constrain(state, self.state_shardings),
+        )
+
+    def _split_like_params(self, value: Any) -> Any:
+        # An extra argument shaped like the params (a line search's `grad`) is
+        # cut like them; any other is passed as it is.
+        shape = jax.tree.structure(self.split_param_shardings, is_leaf=_is_none)
+        if jax.tree.structure(value, is_leaf=_is_none) != shape:
+            return value
+        return constrain(value, self.split_param_shardings)
+
+
+def _is_none(x: Any) -> bool:
+    return x is None
+
+
+def zero_plan(
+    opt: Any,
+    params: Any,
+    mesh: Mesh,
+    axis: str | Sequence[str] = "data",
+    *,
+    min_size: int = MIN_SIZE,
+) -> ZeroPlan:
+    """Plans ZeRO-1 for `opt` on `params`: see [`eqopt.ZeroPlan`][].
+
+    Nothing is computed or allocated: the state's shapes come from
+    `eqx.filter_eval_shape(opt.init, params)`.
+
+    **Arguments:**
+
+    - `opt`: the optimiser (any eqopt transform).
+    - `params`: the params (a whole model), laid out as they will be trained
+      (replicated for data parallelism, or with their own model-parallel
+      shardings), or their abstract shapes (`jax.ShapeDtypeStruct`s, replicated
+      unless they carry a sharding).
+    - `mesh`: the `jax.sharding.Mesh`, with automatic or explicit axes.
+    - `axis`: the data axis (or tuple of axes) to split the state over.
+    - `min_size`: state leaves with fewer elements are not split.
+
+    **Returns:**
+
+    An [`eqopt.ZeroPlan`][].
+    """
+    axes = _axes(axis)
+    param_shardings = _shardings_of(params, mesh)
+    split_params = zero_shardings(params, mesh, axes, min_size=min_size)
+    abstract = _abstract_state(opt, params, split_params, mesh)
+    plans = _plan(abstract, mesh, axes, min_size)
+    state_shardings = _shardings(plans)
+    abstract_state = jax.tree.map(
+        lambda x, sharding: (
+            jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+            if isinstance(x, jax.ShapeDtypeStruct)
+            else x
+        ),
+        abstract,
+        state_shardings,
+        is_leaf=lambda x: x is None,
+    )
+    if isinstance(opt, Bucketed):
+        # Bucketed state packs the gradients into buffers first: they are
+        # concatenated as laid out, and the state's split buffers cut the result.
+        split_params = param_shardings
+    return ZeroPlan(
+        mesh=mesh,
+        axis=axes[0] if len(axes) == 1 else axes,
+        min_size=min_size,
+        param_shardings=param_shardings,
+        split_param_shardings=split_params,
+        state_shardings=state_shardings,
+        abstract_state=abstract_state,
+        unsplit_leaves=_reasons(plans),
+    )
