@@ -240,7 +240,7 @@ class ScaleByShampoo(AbstractGradientTransformation):
         values, vectors = jnp.linalg.eigh(statistic)
         ridge = self.matrix_epsilon * jnp.maximum(values[-1], 1e-16)
         inverse = jnp.maximum(values + ridge, ridge) ** (-1.0 / exponent)
-        root = (vectors * inverse) @ vectors.T
+        root = (vectors * inverse[None, :]) @ vectors.T
         return root, jnp.where(jnp.all(jnp.isfinite(root)), 0.0, jnp.inf)
 
     def update(
@@ -411,7 +411,9 @@ def shampoo(
 
         ```python
         model = eqx.nn.MLP(8, 2, 64, 2, key=jax.random.key(0))
-        opt = eqopt.contrib.shampoo(1e-2, block_size=32, grafting="adam")
+        opt = eqopt.contrib.shampoo(
+            1e-3, block_size=32, grafting="adam", merge_small_dims_block_size=None
+        )
         state = opt.init(model)
         # The 64x64 hidden weight: 2x2 blocks of 32, one 32x32 factor per axis.
         print(state[0].statistics.layers[1].weight[0].shape)  # (4, 32, 32)
