@@ -60,11 +60,16 @@ LEARNING_RATE = 1e-3
 def make_tree(name, args):
     tree_args = step_bench.parse_args(
         [
-            "--resnet-width", str(args.resnet_width),
-            "--tf-width", str(args.tf_width),
-            "--tf-blocks", "1",
-            "--tf-vocab", str(args.tf_vocab),
-            "--tf-context", "64",
+            "--resnet-width",
+            str(args.resnet_width),
+            "--tf-width",
+            str(args.tf_width),
+            "--tf-blocks",
+            "1",
+            "--tf-vocab",
+            str(args.tf_vocab),
+            "--tf-context",
+            "64",
         ]
     )
     return step_bench.TREE_MAKERS[name](tree_args, jax.random.key(0))
@@ -75,13 +80,18 @@ def make_optimiser(variant):
     optimiser, library = variant.split(":")
     if optimiser == "kron":
         if library.startswith("eqopt"):
-            return eqopt.contrib.kron(LEARNING_RATE, preconditioner_update_probability=1.0), True
+            return eqopt.contrib.kron(
+                LEARNING_RATE, preconditioner_update_probability=1.0
+            ), True
         return psgd_jax_kron().kron(
-            LEARNING_RATE, preconditioner_update_probability=1.0,
+            LEARNING_RATE,
+            preconditioner_update_probability=1.0,
             precond_update_precision=None,
         ), False
     if library.startswith("eqopt"):
-        return eqopt.contrib.shampoo(LEARNING_RATE, block_size=128, root_method="newton"), True
+        return eqopt.contrib.shampoo(
+            LEARNING_RATE, block_size=128, root_method="newton"
+        ), True
     module = distributed_shampoo()
     return module.distributed_shampoo(
         LEARNING_RATE, block_size=128, generate_training_metrics=False
@@ -93,7 +103,8 @@ class Runner:
         tx, is_eqopt = make_optimiser(variant)
         rng = np.random.default_rng(1)
         grads = jax.tree.map(
-            lambda x: jnp.asarray(rng.standard_normal(x.shape, np.float32) * 1e-2), model
+            lambda x: jnp.asarray(rng.standard_normal(x.shape, np.float32) * 1e-2),
+            model,
         )
         if variant.endswith("packed"):
             model = eqopt.pack(model)
@@ -126,7 +137,9 @@ class Runner:
 
             self.prefix = ()
         self.factory = factory
-        self.params = jax.tree.map(lambda x: jnp.asarray(np.array(x)), eqx.filter(model, eqx.is_array))
+        self.params = jax.tree.map(
+            lambda x: jnp.asarray(np.array(x)), eqx.filter(model, eqx.is_array)
+        )
         self.grads = grads
 
     def compile(self):
@@ -134,7 +147,11 @@ class Runner:
         gc.collect()
         start = time.perf_counter()
         with quiet():
-            self.step = self.factory().lower(*self.prefix, self.params, self.state, self.grads).compile()
+            self.step = (
+                self.factory()
+                .lower(*self.prefix, self.params, self.state, self.grads)
+                .compile()
+            )
         return time.perf_counter() - start
 
     def run(self, n):
@@ -158,8 +175,12 @@ def quiet():
 
 def bench(optimiser, tree_name, args):
     oracle = "psgd_jax" if optimiser == "kron" else "precondition-opt"
-    variants = [f"{optimiser}:{oracle}", f"{optimiser}:{oracle}-aa",
-                f"{optimiser}:eqopt", f"{optimiser}:eqopt-packed"]
+    variants = [
+        f"{optimiser}:{oracle}",
+        f"{optimiser}:{oracle}-aa",
+        f"{optimiser}:eqopt",
+        f"{optimiser}:eqopt-packed",
+    ]
     model = make_tree(tree_name, args)
     runners = {v: Runner(v, model) for v in variants}
     compile_ratios = {v: [] for v in variants}
@@ -178,14 +199,26 @@ def bench(optimiser, tree_name, args):
         for v in variants:
             compile_ratios[v].append(compiles[v] / base_compile)
             step_ratios[v].append(statistics.median(times[v]) / base_step)
-        print(f"  {optimiser}/{tree_name} round {round_}: oracle step {base_step * 1e3:.1f} ms,"
-              f" compile {base_compile:.1f} s", flush=True)
+        print(
+            f"  {optimiser}/{tree_name} round {round_}: oracle step {base_step * 1e3:.1f} ms,"
+            f" compile {base_compile:.1f} s",
+            flush=True,
+        )
     size = sum(x.size for x in jax.tree.leaves(model))
     rows = []
     for v in variants[1:]:
         gm = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))
-        rows.append((optimiser, tree_name, size, len(jax.tree.leaves(model)), v.split(":")[1],
-                     gm(step_ratios[v]), gm(compile_ratios[v])))
+        rows.append(
+            (
+                optimiser,
+                tree_name,
+                size,
+                len(jax.tree.leaves(model)),
+                v.split(":")[1],
+                gm(step_ratios[v]),
+                gm(compile_ratios[v]),
+            )
+        )
     return rows
 
 
@@ -206,11 +239,15 @@ def main(argv=None):
     for optimiser in args.optimisers:
         for tree_name in args.trees:
             rows += bench(optimiser, tree_name, args)
-    print("\n| optimiser | tree | params | leaves | variant | step / oracle | compile / oracle |")
+    print(
+        "\n| optimiser | tree | params | leaves | variant | step / oracle | compile / oracle |"
+    )
     print("|---|---|---|---|---|---|---|")
     for optimiser, tree, size, leaves, variant, step, compile_ in rows:
-        print(f"| {optimiser} | {tree} | {size / 1e6:.2f}M | {leaves} | {variant} |"
-              f" {step:.2f} | {compile_:.2f} |")
+        print(
+            f"| {optimiser} | {tree} | {size / 1e6:.2f}M | {leaves} | {variant} |"
+            f" {step:.2f} | {compile_:.2f} |"
+        )
 
 
 if __name__ == "__main__":

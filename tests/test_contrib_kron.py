@@ -19,7 +19,9 @@ TRANSFORM_CASES = [
     Case(
         "contrib.kron-one-diag-half-probability",
         lambda: eqopt.contrib.kron(
-            1e-2, memory_save_mode="one_diag", preconditioner_update_probability=0.5,
+            1e-2,
+            memory_save_mode="one_diag",
+            preconditioner_update_probability=0.5,
             weight_decay=1e-3,
         ),
         no_parity_reason=_NO_OPTAX,
@@ -106,8 +108,8 @@ def test_matches_psgd_jax_given_the_same_probes(name, monkeypatch):
     tx = eqopt.contrib.scale_by_kron(**options)
     schedule = options.get("preconditioner_update_probability")
     if isinstance(schedule, eqopt.contrib.KronUpdateProbabilitySchedule):
-        options["preconditioner_update_probability"] = oracle.precond_update_prob_schedule(
-            flat_start=2, decay=0.5
+        options["preconditioner_update_probability"] = (
+            oracle.precond_update_prob_schedule(flat_start=2, decay=0.5)
         )
     reference = oracle.scale_by_kron(precond_update_precision=None, **options)
 
@@ -132,7 +134,9 @@ def test_matches_psgd_jax_given_the_same_probes(name, monkeypatch):
                 grads, reference_state, probes
             )
             for k in grads:
-                worst = max(worst, float(jnp.abs(updates[k] - reference_updates[k]).max()))
+                worst = max(
+                    worst, float(jnp.abs(updates[k] - reference_updates[k]).max())
+                )
             for ours, theirs in zip(
                 jax.tree.leaves(state.preconditioner),
                 jax.tree.leaves(reference_state["Qs_preconditioners"]),
@@ -162,7 +166,10 @@ def test_update_fraction_follows_the_probability():
         before = state.preconditioner["w"]
         _, state = step({"w": jax.random.normal(jax.random.key(t), (3, 2))}, state)
         refitted.append(
-            not all(np.allclose(a, b) for a, b in zip(before, state.preconditioner["w"], strict=True))
+            not all(
+                np.allclose(a, b)
+                for a, b in zip(before, state.preconditioner["w"], strict=True)
+            )
         )
     assert refitted == [t % 4 == 3 for t in range(12)]
     assert len(traces) == 1
@@ -170,7 +177,10 @@ def test_update_fraction_follows_the_probability():
 
 def test_schedule_matches_psgd_jax():
     oracle = psgd_jax_kron()
-    ours, theirs = eqopt.contrib.precond_update_prob_schedule(), oracle.precond_update_prob_schedule()
+    ours, theirs = (
+        eqopt.contrib.precond_update_prob_schedule(),
+        oracle.precond_update_prob_schedule(),
+    )
     steps = jnp.array([0, 1, 250, 500, 501, 1000, 2000, 4000, 10000])
     np.testing.assert_allclose(ours(steps), theirs(steps), rtol=1e-6)
     assert float(ours(500)) == 1.0 and float(ours(10**5)) == pytest.approx(0.03)
@@ -178,12 +188,21 @@ def test_schedule_matches_psgd_jax():
 
 def test_factor_kinds_and_memory_modes():
     params = _draw(SHAPES, 0)
-    shapes = lambda state: {k: [q.shape for q in v] for k, v in state.preconditioner.items()}
+    shapes = lambda state: {
+        k: [q.shape for q in v] for k, v in state.preconditioner.items()
+    }
     default = shapes(eqopt.contrib.scale_by_kron().init(params))
-    assert default == {"b": [(5,)], "k": [(3, 3), (4, 4), (2, 2)], "s": [()], "w": [(6, 6), (5, 5)]}
+    assert default == {
+        "b": [(5,)],
+        "k": [(3, 3), (4, 4), (2, 2)],
+        "s": [()],
+        "w": [(6, 6), (5, 5)],
+    }
     one = shapes(eqopt.contrib.scale_by_kron(memory_save_mode="one_diag").init(params))
     assert one["w"] == [(6,), (5, 5)] and one["k"] == [(3, 3), (4,), (2, 2)]
-    every = shapes(eqopt.contrib.scale_by_kron(memory_save_mode="all_diag").init(params))
+    every = shapes(
+        eqopt.contrib.scale_by_kron(memory_save_mode="all_diag").init(params)
+    )
     assert every["w"] == [(6,), (5,)]
     small = shapes(eqopt.contrib.scale_by_kron(max_size_triangular=4).init(params))
     assert small["w"] == [(6,), (5,)] and small["k"] == [(3, 3), (4, 4), (2, 2)]
@@ -200,7 +219,9 @@ def test_balancing_keeps_the_preconditioner():
     np.testing.assert_allclose(
         _precondition(balanced, g), _precondition(factors, g), rtol=1e-4, atol=1e-5
     )
-    assert float(jnp.abs(balanced[0]).max()) == pytest.approx(float(jnp.abs(balanced[1]).max()), rel=1e-5)
+    assert float(jnp.abs(balanced[0]).max()) == pytest.approx(
+        float(jnp.abs(balanced[1]).max()), rel=1e-5
+    )
 
 
 def test_norm_lower_bound_brackets_the_spectral_norm():
@@ -233,5 +254,8 @@ def test_fitted_preconditioner_whitens_the_gradient_noise():
 def test_kron_trains_an_mlp():
     first, last, _, state = train(eqopt.contrib.kron(1e-2), steps=60)
     assert last < 0.5 * first
-    assert [q.shape for q in state[0].preconditioner.layers[1].weight] == [(16, 16), (16, 16)]
+    assert [q.shape for q in state[0].preconditioner.layers[1].weight] == [
+        (16, 16),
+        (16, 16),
+    ]
     assert [q.shape for q in state[0].preconditioner.layers[1].bias] == [(16,)]

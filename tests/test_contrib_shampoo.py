@@ -11,7 +11,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _precond_oracles import distributed_shampoo, old_jax_tree_names, relative_difference
+from _precond_oracles import (
+    distributed_shampoo,
+    old_jax_tree_names,
+    relative_difference,
+)
 from _small_problems import train
 from helpers import Case
 
@@ -20,7 +24,11 @@ import eqopt
 _NO_OPTAX = "not in Optax: compared with precondition-opt in test_contrib_shampoo.py"
 
 TRANSFORM_CASES = [
-    Case("contrib.shampoo", lambda: eqopt.contrib.shampoo(1e-2), no_parity_reason=_NO_OPTAX),
+    Case(
+        "contrib.shampoo",
+        lambda: eqopt.contrib.shampoo(1e-2),
+        no_parity_reason=_NO_OPTAX,
+    ),
     Case(
         "contrib.shampoo-blocked-adam-newton",
         lambda: eqopt.contrib.shampoo(
@@ -62,25 +70,49 @@ CONFIGS = {
     # The defaults: SGD grafting, 4x3 and 3x4x5 merged into vectors, eigh.
     "default": ({}, {}),
     "blocked-adam-newton-decay": (
-        dict(block_size=4, grafting="adam", root_method="newton",
-             start_preconditioning_step=2, weight_decay=0.01,
-             merge_small_dims_block_size=None),
-        dict(block_size=4, graft_type="RMSPROP", eigh=False,
-             start_preconditioning_step=2, weight_decay=0.01,
-             best_effort_shape_interpretation=False),
+        dict(
+            block_size=4,
+            grafting="adam",
+            root_method="newton",
+            start_preconditioning_step=2,
+            weight_decay=0.01,
+            merge_small_dims_block_size=None,
+        ),
+        dict(
+            block_size=4,
+            graft_type="RMSPROP",
+            eigh=False,
+            start_preconditioning_step=2,
+            weight_decay=0.01,
+            best_effort_shape_interpretation=False,
+        ),
     ),
     "blocked-adagrad-every-2-momentum-average": (
-        dict(block_size=4, grafting="adagrad", start_preconditioning_step=1,
-             preconditioning_compute_steps=2, nesterov=False,
-             moving_average_for_momentum=True, b2=1.0, exponent_override=2,
-             matrix_epsilon=1e-3),
+        dict(
+            block_size=4,
+            grafting="adagrad",
+            start_preconditioning_step=1,
+            preconditioning_compute_steps=2,
+            nesterov=False,
+            moving_average_for_momentum=True,
+            b2=1.0,
+            exponent_override=2,
+            matrix_epsilon=1e-3,
+        ),
         # Summed statistics (b2 = 1) dwarf the initial 1e-6 I: the inverse root
         # of their (numerically) null space would then be float32 noise in both
         # implementations (2e-2 apart), so the damping is raised to 1e-3.
-        dict(block_size=4, graft_type="ADAGRAD", start_preconditioning_step=1,
-             preconditioning_compute_steps=2, nesterov=False,
-             moving_average_for_momentum=True, beta2=1.0, exponent_override=2,
-             matrix_epsilon=1e-3),
+        dict(
+            block_size=4,
+            graft_type="ADAGRAD",
+            start_preconditioning_step=1,
+            preconditioning_compute_steps=2,
+            nesterov=False,
+            moving_average_for_momentum=True,
+            beta2=1.0,
+            exponent_override=2,
+            matrix_epsilon=1e-3,
+        ),
     ),
 }
 
@@ -114,7 +146,9 @@ def test_matches_precondition_opt(name):
             # Theirs includes -learning_rate (here -1).
             negated = {k: -v for k, v in reference_updates.items()}
             worst = max(worst, relative_difference(updates, negated))
-    print(f"Shampoo vs precondition-opt ({name}): largest relative difference {worst:.2e}")
+    print(
+        f"Shampoo vs precondition-opt ({name}): largest relative difference {worst:.2e}"
+    )
     # The damping's largest eigenvalue: exact here, by power iteration there.
     assert worst < 1e-3
 
@@ -136,19 +170,27 @@ def test_padded_blocks_give_the_unpadded_roots():
     preconditioned on its own."""
     grads = {"w": jax.random.normal(jax.random.key(0), (6, 2))}
     blocked = eqopt.contrib.scale_by_shampoo(
-        block_size=4, start_preconditioning_step=0, merge_small_dims_block_size=None,
-        nesterov=False, b1=0.0,
+        block_size=4,
+        start_preconditioning_step=0,
+        merge_small_dims_block_size=None,
+        nesterov=False,
+        b1=0.0,
     )
     whole = eqopt.contrib.scale_by_shampoo(
-        block_size=8, start_preconditioning_step=0, merge_small_dims_block_size=None,
-        nesterov=False, b1=0.0,
+        block_size=8,
+        start_preconditioning_step=0,
+        merge_small_dims_block_size=None,
+        nesterov=False,
+        b1=0.0,
     )
     blocked_updates, blocked_state = blocked.update(grads, blocked.init(grads))
     tail = {"w": grads["w"][4:]}
     tail_updates, _ = whole.update(tail, whole.init(tail))
     # Equal up to the grafting norm, which is over the whole leaf.
     a, b = np.asarray(blocked_updates["w"][4:]), np.asarray(tail_updates["w"])
-    np.testing.assert_allclose(a / np.linalg.norm(a), b / np.linalg.norm(b), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(
+        a / np.linalg.norm(a), b / np.linalg.norm(b), rtol=1e-4, atol=1e-6
+    )
     assert blocked_state.preconditioners["w"][0].shape == (2, 4, 4)
 
 
@@ -161,13 +203,18 @@ def test_eigh_and_newton_roots_agree():
         roots[method], _ = tx._root(statistic, 4)
     np.testing.assert_allclose(roots["eigh"], roots["newton"], rtol=2e-3, atol=1e-4)
     expected = np.linalg.matrix_power(np.asarray(roots["eigh"], np.float64), 4)
-    damped = np.asarray(statistic) + 1e-6 * np.linalg.eigvalsh(statistic)[-1] * np.eye(6)
+    damped = np.asarray(statistic) + 1e-6 * np.linalg.eigvalsh(statistic)[-1] * np.eye(
+        6
+    )
     np.testing.assert_allclose(expected @ damped, np.eye(6), atol=1e-3)
 
 
 def test_preconditioners_recomputed_under_cond_and_grafting_before_start():
     tx = eqopt.contrib.scale_by_shampoo(
-        preconditioning_compute_steps=3, start_preconditioning_step=2, nesterov=False, b1=0.0
+        preconditioning_compute_steps=3,
+        start_preconditioning_step=2,
+        nesterov=False,
+        b1=0.0,
     )
     params = {"w": jnp.zeros((3, 2))}
     state = tx.init(params)

@@ -69,7 +69,9 @@ def _compare_with_pytorch_optimizer(tx, options, shapes=SHAPES, steps=10):
             # and JAX), so the oracle is given ours; later refreshes are compared.
             for k, w in weights.items():
                 if len(shapes[k]) == 1 and state.eigenbases[k][0] is not None:
-                    reference.state[w]["Q"] = [torch.tensor(np.asarray(state.eigenbases[k][0]))]
+                    reference.state[w]["Q"] = [
+                        torch.tensor(np.asarray(state.eigenbases[k][0]))
+                    ]
         theirs = {k: (weights[k].detach() - before[k]).numpy() for k in weights}
         ours = {k: -np.asarray(v) for k, v in updates.items()}
         if t == 0:  # the first step only measures, in both
@@ -83,15 +85,36 @@ def _compare_with_pytorch_optimizer(tx, options, shapes=SHAPES, steps=10):
     [
         ({"precondition_frequency": 2}, {"precondition_frequency": 2}, SHAPES),
         (
-            {"b1": 0.9, "b2": 0.99, "shampoo_beta": 0.9, "eps": 1e-6,
-             "precondition_frequency": 3, "precondition_1d": True, "max_precondition_dim": 5},
-            {"betas": (0.9, 0.99), "shampoo_beta": 0.9, "eps": 1e-6,
-             "precondition_frequency": 3, "precondition_1d": True, "max_precondition_dim": 5},
+            {
+                "b1": 0.9,
+                "b2": 0.99,
+                "shampoo_beta": 0.9,
+                "eps": 1e-6,
+                "precondition_frequency": 3,
+                "precondition_1d": True,
+                "max_precondition_dim": 5,
+            },
+            {
+                "betas": (0.9, 0.99),
+                "shampoo_beta": 0.9,
+                "eps": 1e-6,
+                "precondition_frequency": 3,
+                "precondition_1d": True,
+                "max_precondition_dim": 5,
+            },
             SHAPES,
         ),
         (
-            {"precondition_frequency": 1, "merge_dims": True, "max_precondition_dim": 8},
-            {"precondition_frequency": 1, "merge_dims": True, "max_precondition_dim": 8},
+            {
+                "precondition_frequency": 1,
+                "merge_dims": True,
+                "max_precondition_dim": 8,
+            },
+            {
+                "precondition_frequency": 1,
+                "merge_dims": True,
+                "max_precondition_dim": 8,
+            },
             # pytorch-optimizer cannot merge a vector (see the test below); the
             # merged (6, 5) keeps its first statistics' eigenbases unique (a
             # Gram matrix short of full rank by two has no unique basis).
@@ -156,7 +179,8 @@ def test_eigenbases_diagonalise_the_statistics_and_refresh_under_cond():
         before = state.eigenbases["w"]
         _, state = step(_draw({"w": (6, 5)}, t), state)
         changed = not all(
-            np.allclose(a, b) for a, b in zip(before, state.eigenbases["w"], strict=True)
+            np.allclose(a, b)
+            for a, b in zip(before, state.eigenbases["w"], strict=True)
         )
         # Set at the first step (count 0), refreshed when count % 2 == 0.
         assert changed == (t % 2 == 0), t
@@ -169,7 +193,9 @@ def test_eigenbases_diagonalise_the_statistics_and_refresh_under_cond():
                 assert float(jnp.abs(off).max()) < 1e-5 * float(jnp.abs(rotated).max())
                 assert bool(jnp.all(jnp.diff(jnp.diag(rotated)) <= 1e-6))
         for basis in state.eigenbases["w"]:
-            np.testing.assert_allclose(basis.T @ basis, np.eye(basis.shape[0]), atol=1e-5)
+            np.testing.assert_allclose(
+                basis.T @ basis, np.eye(basis.shape[0]), atol=1e-5
+            )
     assert len(traces) == 1
 
 

@@ -7,7 +7,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int, Key, PyTree, Real, ArrayLike
+from jaxtyping import Array, ArrayLike, Float, Int, Key, PyTree, Real
 
 from .._base import AbstractGradientTransformation, Params, Updates, is_none
 from .._combine import Chain
@@ -173,7 +173,9 @@ def _balance(factors):
         return factors
     norms = jnp.stack([jnp.max(jnp.abs(q)) for q in factors]).astype(jnp.float32)
     mean = jnp.prod(norms) ** (1 / len(factors))
-    return tuple(q * (mean / n).astype(q.dtype) for q, n in zip(factors, norms, strict=True))
+    return tuple(
+        q * (mean / n).astype(q.dtype) for q, n in zip(factors, norms, strict=True)
+    )
 
 
 @no_type_check
@@ -300,13 +302,16 @@ class ScaleByKron(AbstractGradientTransformation):
     def init(self, params: Params) -> ScaleByKronState:
         def factors(p):
             if jnp.iscomplexobj(p):
-                raise TypeError("Kron supports real parameters only, got a complex one.")
+                raise TypeError(
+                    "Kron supports real parameters only, got a complex one."
+                )
             dtype = jnp.promote_types(p.dtype, jnp.float32)
             if p.ndim == 0:
                 return (self.preconditioner_init_scale * jnp.ones((), dtype),)
             scale = self.preconditioner_init_scale ** (1 / p.ndim)
             return tuple(
-                scale * (jnp.ones(size, dtype) if diagonal else jnp.eye(size, dtype=dtype))
+                scale
+                * (jnp.ones(size, dtype) if diagonal else jnp.eye(size, dtype=dtype))
                 for size, diagonal in zip(p.shape, self._diagonal(p.shape), strict=True)
             )
 
@@ -326,7 +331,7 @@ class ScaleByKron(AbstractGradientTransformation):
         **extra_args: Any,
     ) -> tuple[Updates, ScaleByKronState]:
         count = safe_int32_increment(state.count)
-        probability = self.preconditioner_update_probability
+        probability: Any = self.preconditioner_update_probability
         if probability is None:
             probability = KronUpdateProbabilitySchedule()
         if callable(probability):
@@ -352,8 +357,15 @@ class ScaleByKron(AbstractGradientTransformation):
 
             def refitted(factors):
                 factors = jax.lax.cond(balance, _balance, lambda f: f, factors)
-                new = _refit(factors, fit_on, gathered(probe)[0].astype(wide), self.preconditioner_lr)
-                return tuple(q.astype(old.dtype) for q, old in zip(new, factors, strict=True))
+                new = _refit(
+                    factors,
+                    fit_on,
+                    gathered(probe)[0].astype(wide),
+                    self.preconditioner_lr,
+                )
+                return tuple(
+                    q.astype(old.dtype) for q, old in zip(new, factors, strict=True)
+                )
 
             factors = jax.lax.cond(refit, refitted, lambda f: f, factors)
             direction = _precondition(factors, momentum)

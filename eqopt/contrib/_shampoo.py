@@ -7,7 +7,6 @@ from typing import Any, Literal, no_type_check
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Float, Int, PyTree
 
 from .._base import AbstractGradientTransformation, Params, Updates
@@ -46,7 +45,7 @@ class ScaleByShampooState(eqx.Module):
     """
 
     count: Int[Array, ""]
-    graft_nu: Updates
+    graft_nu: Updates | None
     graft_momentum: Updates
     momentum: Updates
     statistics: BlockFactors
@@ -65,8 +64,13 @@ class _Layout:
     def to_blocks(self, x):
         """`(blocks, *block)`: the merged `x`, zero-padded to whole blocks."""
         padded = tuple(n * b for n, b in zip(self.grid, self.block, strict=True))
-        x = jnp.pad(x.reshape(self.shape), [(0, p - s) for p, s in zip(padded, self.shape, strict=True)])
-        split = [size for pair in zip(self.grid, self.block, strict=True) for size in pair]
+        x = jnp.pad(
+            x.reshape(self.shape),
+            [(0, p - s) for p, s in zip(padded, self.shape, strict=True)],
+        )
+        split = [
+            size for pair in zip(self.grid, self.block, strict=True) for size in pair
+        ]
         x = x.reshape(split)
         rank = len(self.shape)
         x = x.transpose([2 * i for i in range(rank)] + [2 * i + 1 for i in range(rank)])
@@ -77,7 +81,9 @@ class _Layout:
         rank = len(self.shape)
         x = blocks.reshape((*self.grid, *self.block))
         order = [j for i in range(rank) for j in (i, rank + i)]
-        x = x.transpose(order).reshape([n * b for n, b in zip(self.grid, self.block, strict=True)])
+        x = x.transpose(order).reshape(
+            [n * b for n, b in zip(self.grid, self.block, strict=True)]
+        )
         x = x[tuple(slice(0, s) for s in self.shape)]
         return x.reshape(original_shape)
 
@@ -221,7 +227,9 @@ class ScaleByShampoo(AbstractGradientTransformation):
             graft_momentum=map_params(jnp.zeros_like, params),
             momentum=map_params(jnp.zeros_like, params),
             statistics=map_params(
-                lambda p: factors(p, lambda b, d: self.matrix_epsilon * jnp.eye(b, dtype=d)),
+                lambda p: factors(
+                    p, lambda b, d: self.matrix_epsilon * jnp.eye(b, dtype=d)
+                ),
                 params,
             ),
             preconditioners=map_params(
@@ -260,7 +268,9 @@ class ScaleByShampoo(AbstractGradientTransformation):
         graft_nu_tree = state.graft_nu
         if graft_nu_tree is None:
             graft_nu_tree = jax.tree.map(lambda _: None, state.momentum)
-        param_tree = params if uses_decay else jax.tree.map(lambda _: None, state.momentum)
+        param_tree = (
+            params if uses_decay else jax.tree.map(lambda _: None, state.momentum)
+        )
 
         @no_type_check
         def step(g, graft_nu, graft_momentum, momentum, statistics, preconditioners, p):
@@ -293,24 +303,39 @@ class ScaleByShampoo(AbstractGradientTransformation):
                     for s, previous in zip(statistics, old, strict=True):
                         root, error = jax.vmap(lambda m: self._root(m, exponent))(s)
                         failed = ~(error < self.inverse_failure_threshold)
-                        new.append(jnp.where(failed[:, None, None], previous, root.astype(previous.dtype)))
+                        new.append(
+                            jnp.where(
+                                failed[:, None, None],
+                                previous,
+                                root.astype(previous.dtype),
+                            )
+                        )
                     return tuple(new)
 
-                preconditioners = jax.lax.cond(compute, roots, lambda old: old, preconditioners)
+                preconditioners = jax.lax.cond(
+                    compute, roots, lambda old: old, preconditioners
+                )
                 preconditioned = jax.vmap(apply_per_axis)(blocks, preconditioners)
                 preconditioned = layout.from_blocks(preconditioned, g.shape)
-            multiplier = jnp.linalg.norm(graft) / (jnp.linalg.norm(preconditioned) + 1e-25)
+            multiplier = jnp.linalg.norm(graft) / (
+                jnp.linalg.norm(preconditioned) + 1e-25
+            )
             direction = multiplier * preconditioned
             if uses_decay:
                 decay = self.weight_decay * gathered(p)[0].astype(wide)
                 direction, graft = direction + decay, graft + decay
-            new_momentum = b1 * gathered(momentum)[0].astype(wide) + momentum_weight * direction
+            new_momentum = (
+                b1 * gathered(momentum)[0].astype(wide) + momentum_weight * direction
+            )
             new_graft_momentum = (
                 b1 * gathered(graft_momentum)[0].astype(wide) + momentum_weight * graft
             )
             current = jnp.where(run_shampoo, new_momentum, new_graft_momentum)
             if self.nesterov:
-                current = momentum_weight * jnp.where(run_shampoo, direction, graft) + b1 * current
+                current = (
+                    momentum_weight * jnp.where(run_shampoo, direction, graft)
+                    + b1 * current
+                )
             return (
                 shard_like_g(current.astype(g.dtype)),
                 graft_nu,
@@ -320,16 +345,18 @@ class ScaleByShampoo(AbstractGradientTransformation):
                 preconditioners,
             )
 
-        updates, graft_nu, graft_momentum, momentum, statistics, preconditioners = map_leaves(
-            step,
-            updates,
-            graft_nu_tree,
-            state.graft_momentum,
-            state.momentum,
-            state.statistics,
-            state.preconditioners,
-            param_tree,
-            n_out=6,
+        updates, graft_nu, graft_momentum, momentum, statistics, preconditioners = (
+            map_leaves(
+                step,
+                updates,
+                graft_nu_tree,
+                state.graft_momentum,
+                state.momentum,
+                state.statistics,
+                state.preconditioners,
+                param_tree,
+                n_out=6,
+            )
         )
         return updates, ScaleByShampooState(
             count=safe_int32_increment(count),

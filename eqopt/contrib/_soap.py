@@ -25,7 +25,7 @@ from .._transform.decay import AddDecayedWeights
 from ._kronecker import apply_per_axis, gram, map_leaves, map_params, merge_small_dims
 
 #: Per leaf, one square matrix per (merged) axis, `None` for an axis left alone.
-Factors = PyTree[Float[Array, "_ _"] | None]
+Factors = PyTree[Float[Array, "_ _"]]  # `None` (an empty subtree) where unused
 
 
 class ScaleBySoapState(eqx.Module):
@@ -135,7 +135,9 @@ class ScaleBySoap(AbstractGradientTransformation):
     def _layout(self, shape: tuple[int, ...]) -> tuple[tuple[int, ...], list[bool]]:
         """The (merged) shape a leaf is preconditioned in, and which axes get a factor."""
         if len(shape) == 1:
-            return shape, [self.precondition_1d and shape[0] <= self.max_precondition_dim]
+            return shape, [
+                self.precondition_1d and shape[0] <= self.max_precondition_dim
+            ]
         if self.merge_dims:
             shape = merge_small_dims(shape, self.max_precondition_dim)
         chosen = [size <= self.max_precondition_dim for size in shape]
@@ -149,7 +151,9 @@ class ScaleBySoap(AbstractGradientTransformation):
     def init(self, params: Params) -> ScaleBySoapState:
         def factors(p, value):
             if jnp.iscomplexobj(p):
-                raise TypeError("SOAP supports real parameters only, got a complex one.")
+                raise TypeError(
+                    "SOAP supports real parameters only, got a complex one."
+                )
             shape, chosen = self._layout(p.shape)
             dtype = jnp.promote_types(p.dtype, jnp.float32)
             return tuple(
