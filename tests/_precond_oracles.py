@@ -79,6 +79,15 @@ def distributed_shampoo():
     return distributed_shampoo
 
 
+def draw(shapes: dict, seed: int) -> dict:
+    """A dict of standard normal arrays of the given shapes."""
+    key = jax.random.key(seed)
+    return {
+        name: jax.random.normal(jax.random.fold_in(key, i), shape)
+        for i, (name, shape) in enumerate(shapes.items())
+    }
+
+
 def relative_difference(ours, theirs) -> float:
     """max |ours - theirs| / max |theirs| over the leaves of two dicts."""
     worst = 0.0

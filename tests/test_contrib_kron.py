@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _precond_oracles import psgd_jax_kron
+from _precond_oracles import draw, psgd_jax_kron
 from _small_problems import train
 from helpers import Case
 
@@ -37,14 +37,6 @@ TRANSFORM_CASES = [
 ]
 
 SHAPES = {"b": (5,), "k": (3, 4, 2), "s": (), "w": (6, 5)}  # sorted: the oracle's order
-
-
-def _draw(shapes, seed):
-    key = jax.random.key(seed)
-    return {
-        name: jax.random.normal(jax.random.fold_in(key, i), shape)
-        for i, (name, shape) in enumerate(shapes.items())
-    }
 
 
 class _InjectedRandom:
@@ -117,14 +109,14 @@ def test_matches_psgd_jax_given_the_same_probes(name, monkeypatch):
         random.probes = [probes[k] for k in sorted(probes)]
         return reference.update(grads, state)
 
-    params = _draw(SHAPES, 0)
+    params = draw(SHAPES, 0)
     # psgd_jax broadcasts ranks implicitly; the suite raises on that.
     with jax.numpy_rank_promotion("allow"):
         state, reference_state = tx.init(params), reference.init(params)
         step, reference_step = jax.jit(tx.update), jax.jit(reference_update)
         worst, refits = 0.0, 0
         for t in range(10):
-            grads = _draw(SHAPES, 100 + t)
+            grads = draw(SHAPES, 100 + t)
             _, probes, balance_draw = kron_probes(state.key, grads)
             assert balance_draw >= 0.01  # no balancing in these steps (seed 0)
             before = state.preconditioner["w"][0]
@@ -187,7 +179,7 @@ def test_schedule_matches_psgd_jax():
 
 
 def test_factor_kinds_and_memory_modes():
-    params = _draw(SHAPES, 0)
+    params = draw(SHAPES, 0)
     shapes = lambda state: {
         k: [q.shape for q in v] for k, v in state.preconditioner.items()
     }

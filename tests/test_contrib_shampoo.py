@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from _precond_oracles import (
     distributed_shampoo,
+    draw,
     old_jax_tree_names,
     relative_difference,
 )
@@ -56,14 +57,6 @@ TRANSFORM_CASES = [
 ]
 
 SHAPES = {"w": (6, 5), "b": (5,), "s": (), "k": (3, 4, 5)}
-
-
-def _draw(shapes, seed):
-    key = jax.random.key(seed)
-    return {
-        name: jax.random.normal(jax.random.fold_in(key, i), shape)
-        for i, (name, shape) in enumerate(shapes.items())
-    }
 
 
 CONFIGS = {
@@ -128,7 +121,7 @@ def test_matches_precondition_opt(name):
     if "graft_type" in theirs:
         theirs["graft_type"] = getattr(module.GraftingType, theirs["graft_type"])
     tx = eqopt.contrib.scale_by_shampoo(**ours)
-    params = _draw(SHAPES, 0)
+    params = draw(SHAPES, 0)
     # precondition-opt broadcasts ranks implicitly; the suite raises on that.
     with old_jax_tree_names(), jax.numpy_rank_promotion("allow"):
         reference = module.distributed_shampoo(
@@ -138,7 +131,7 @@ def test_matches_precondition_opt(name):
         step, reference_step = jax.jit(tx.update), jax.jit(reference.update)
         worst = 0.0
         for t in range(8):
-            grads = _draw(SHAPES, 100 + t)
+            grads = draw(SHAPES, 100 + t)
             updates, state = step(grads, state, params)
             reference_updates, reference_state = reference_step(
                 grads, reference_state, params
@@ -156,12 +149,12 @@ def test_matches_precondition_opt(name):
 def test_blocks_and_factor_shapes():
     """A 6x5 matrix in blocks of 4: a 2x2 grid, one (4, 4, 4) stack per axis."""
     tx = eqopt.contrib.scale_by_shampoo(block_size=4, merge_small_dims_block_size=None)
-    state = tx.init(_draw(SHAPES, 0))
+    state = tx.init(draw(SHAPES, 0))
     assert [s.shape for s in state.statistics["w"]] == [(4, 4, 4), (4, 4, 4)]
     assert [s.shape for s in state.statistics["k"]] == [(2, 3, 3), (2, 4, 4), (2, 4, 4)]
     assert state.statistics["s"] == () and state.graft_nu is None
     # Merged by default: 6x5 becomes a vector of 30, in one 30x30 factor.
-    merged = eqopt.contrib.scale_by_shampoo(block_size=32).init(_draw(SHAPES, 0))
+    merged = eqopt.contrib.scale_by_shampoo(block_size=32).init(draw(SHAPES, 0))
     assert [s.shape for s in merged.statistics["w"]] == [(1, 30, 30)]
 
 

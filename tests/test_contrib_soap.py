@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _precond_oracles import relative_difference, torch_and_pytorch_optimizer
+from _precond_oracles import draw, relative_difference, torch_and_pytorch_optimizer
 from _small_problems import train
 from helpers import Case
 
@@ -35,18 +35,10 @@ TRANSFORM_CASES = [
 SHAPES = {"w": (6, 5), "b": (5,), "s": (), "k": (2, 3, 4)}
 
 
-def _draw(shapes, seed):
-    key = jax.random.key(seed)
-    return {
-        name: jax.random.normal(jax.random.fold_in(key, i), shape)
-        for i, (name, shape) in enumerate(shapes.items())
-    }
-
-
 def _compare_with_pytorch_optimizer(tx, options, shapes=SHAPES, steps=10):
     """The largest relative difference of the updates over `steps` steps."""
     torch, pytorch_optimizer = torch_and_pytorch_optimizer()
-    params = _draw(shapes, 0)
+    params = draw(shapes, 0)
     state = tx.init(params)
     step = jax.jit(tx.update)
     weights = {
@@ -57,7 +49,7 @@ def _compare_with_pytorch_optimizer(tx, options, shapes=SHAPES, steps=10):
     )
     worst = 0.0
     for t in range(steps):
-        grads = _draw(shapes, 100 + t)
+        grads = draw(shapes, 100 + t)
         updates, state = step(grads, state)
         before = {k: v.detach().clone() for k, v in weights.items()}
         for k, w in weights.items():
@@ -135,7 +127,7 @@ def test_one_sided_rotates_the_shorter_side_only():
     """One-sided SOAP on a 6x5 matrix is pytorch-optimizer's with the 6-side left alone."""
     shapes = {"w": (6, 5), "b": (5,), "s": ()}
     tx = eqopt.contrib.scale_by_soap(precondition_frequency=2, one_sided=True)
-    state = tx.init(_draw(shapes, 0))
+    state = tx.init(draw(shapes, 0))
     assert state.statistics["w"][0] is None and state.statistics["w"][1].shape == (5, 5)
     worst = _compare_with_pytorch_optimizer(
         tx, {"precondition_frequency": 2, "max_precondition_dim": 5}, shapes
@@ -158,7 +150,7 @@ def test_merging_that_ends_in_one_axis_keeps_it():
     state = tx.init(params)
     assert [s.shape for s in state.statistics["w"]] == [(12, 12)]
     updates, state = tx.update({"w": jnp.ones((4, 3))}, state)
-    updates, state = tx.update(_draw({"w": (4, 3)}, 1), state)
+    updates, state = tx.update(draw({"w": (4, 3)}, 1), state)
     assert updates["w"].shape == (4, 3) and bool(jnp.all(jnp.isfinite(updates["w"])))
 
 
@@ -166,7 +158,7 @@ def test_eigenbases_diagonalise_the_statistics_and_refresh_under_cond():
     """After the first step the bases are the statistics' eigenvectors (decreasing);
     the jitted step compiles once although it refreshes every other step."""
     tx = eqopt.contrib.scale_by_soap(precondition_frequency=2)
-    params = _draw({"w": (6, 5)}, 0)
+    params = draw({"w": (6, 5)}, 0)
     state = tx.init(params)
     traces = []
 
@@ -177,7 +169,7 @@ def test_eigenbases_diagonalise_the_statistics_and_refresh_under_cond():
 
     for t in range(7):
         before = state.eigenbases["w"]
-        _, state = step(_draw({"w": (6, 5)}, t), state)
+        _, state = step(draw({"w": (6, 5)}, t), state)
         changed = not all(
             np.allclose(a, b)
             for a, b in zip(before, state.eigenbases["w"], strict=True)

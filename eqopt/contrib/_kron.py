@@ -7,7 +7,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float, Int, Key, PyTree, Real
+from jaxtyping import Array, ArrayLike, Float, Int, PyTree, Real, UInt32
 
 from .._base import AbstractGradientTransformation, Params, Updates, is_none
 from .._combine import Chain
@@ -77,14 +77,14 @@ def precond_update_prob_schedule(
 class ScaleByKronState(eqx.Module):
     """The state of [`eqopt.contrib.ScaleByKron`][].
 
-    `key` draws the probes; `update_counter` counts the steps since the last
+    `key` (raw `uint32` key data, so the state serialises) draws the probes; `update_counter` counts the steps since the last
     refit; `mu` (shaped like the params) is the momentum;
     per leaf, `preconditioner` is a tuple of the factors $Q_i$ (a matrix, or
     the diagonal of a diagonal one).
     """
 
     count: Int[Array, ""]
-    key: Key[Array, ""]
+    key: UInt32[Array, " key_data"]
     update_counter: Int[Array, ""]
     mu: Updates
     preconditioner: KronFactors
@@ -187,20 +187,23 @@ def _precondition(factors, g):
     return g
 
 
-def kron_probes(key: Key[Array, ""], updates: Updates) -> tuple[Any, Any, Any]:
-    """The next key, the Gaussian probes (shaped like `updates`) and the balancing draw.
+def kron_probes(
+    key: UInt32[Array, " key_data"], updates: Updates
+) -> tuple[Any, Any, Any]:
+    """The next key data, the Gaussian probes (shaped like `updates`) and the balancing draw.
 
     [`eqopt.contrib.ScaleByKron`][] draws its probes with this function, so a
     test can give the same probes to another implementation.
     """
-    key, probe_key, balance_key = jax.random.split(key, 3)
+    key, probe_key, balance_key = jax.random.split(jax.random.wrap_key_data(key), 3)
     leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
     keys = jax.random.split(probe_key, max(len(leaves), 1))
     probes = [
         None if u is None else jax.random.normal(k, u.shape, u.dtype)
         for k, u in zip(keys, leaves, strict=False)
     ]
-    return key, jax.tree.unflatten(treedef, probes), jax.random.uniform(balance_key)
+    probes = jax.tree.unflatten(treedef, probes)
+    return jax.random.key_data(key), probes, jax.random.uniform(balance_key)
 
 
 class ScaleByKron(AbstractGradientTransformation):
@@ -317,7 +320,7 @@ class ScaleByKron(AbstractGradientTransformation):
 
         return ScaleByKronState(
             count=jnp.zeros([], jnp.int32),
-            key=jax.random.key(self.seed),
+            key=jax.random.key_data(jax.random.key(self.seed)),
             update_counter=jnp.zeros([], jnp.int32),
             mu=map_params(jnp.zeros_like, params),
             preconditioner=map_params(factors, params),
