@@ -154,6 +154,30 @@ from .._wrappers.cautious import (
     cautious as cautious,
 )
 
+# Kronecker-factored preconditioners: SOAP, Shampoo, PSGD Kron (not in Optax).
+from ._kron import (
+    KronUpdateProbabilitySchedule as KronUpdateProbabilitySchedule,
+    ScaleByKron as ScaleByKron,
+    ScaleByKronState as ScaleByKronState,
+    kron as kron,
+    precond_update_prob_schedule as precond_update_prob_schedule,
+    scale_by_kron as scale_by_kron,
+)
+from ._shampoo import (
+    ScaleByShampoo as ScaleByShampoo,
+    ScaleByShampooState as ScaleByShampooState,
+    scale_by_shampoo as scale_by_shampoo,
+    shampoo as shampoo,
+)
+from ._soap import (
+    ScaleBySoap as ScaleBySoap,
+    ScaleBySoapState as ScaleBySoapState,
+    scale_by_soap as scale_by_soap,
+    soap as soap,
+)
+
+# End of SOAP, Shampoo, Kron.
+
 # isort: split
 # Optax also spells the differentially private optimiser in `contrib`: the same
 # objects as at the top level.

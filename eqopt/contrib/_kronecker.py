@@ -1,0 +1,80 @@
+"""Kronecker-factor bookkeeping shared by SOAP, Shampoo and PSGD Kron.
+
+A tensor gradient $G$ of $k$ axes is preconditioned by one factor per axis; a
+factor of `None` leaves that axis alone. These helpers merge small axes, form
+the per-axis Gram matrices, apply one matrix per axis, and map a per-leaf
+function over a gradient tree and state trees whose leaves are tuples of
+factors.
+"""
+
+from collections.abc import Callable, Sequence
+from typing import Any, no_type_check
+
+import jax
+import jax.numpy as jnp
+
+from .._base import is_none, is_trainable
+
+
+def merge_small_dims(shape: Sequence[int], max_dim: int) -> tuple[int, ...]:
+    """Merges neighbouring axes while their product stays at most `max_dim`.
+
+    `(1, 2, 512, 1, 2048, 1, 3, 4)` with `max_dim=1024` becomes
+    `(1024, 2048, 12)`; axes of size one disappear (all ones give `(1,)`), and a
+    scalar stays a scalar.
+    """
+    if not shape:
+        return ()
+    merged, product = [], 1
+    for size in shape:
+        if product * size <= max_dim:
+            product *= size
+        else:
+            if product > 1:
+                merged.append(product)
+            product = size
+    if product > 1 or not merged:
+        merged.append(product)
+    return tuple(merged)
+
+
+@no_type_check
+def gram(x, axis):
+    """$\\sum_{\\text{other axes}} x\\, \\bar x$: the Gram matrix of the slices of `x` along `axis`."""
+    others = [i for i in range(x.ndim) if i != axis]
+    return jnp.tensordot(x, x.conj(), axes=(others, others))
+
+
+@no_type_check
+def apply_per_axis(x, matrices, transpose=False):
+    """Contracts axis $i$ of `x` with `matrices[i]` ($y_{\\ldots j \\ldots} =
+    \\sum_k M_{kj} x_{\\ldots k \\ldots}$, or $M_{jk}$ with `transpose`); `None`
+    leaves the axis as it is."""
+    for matrix in matrices:
+        if matrix is None:
+            x = jnp.moveaxis(x, 0, -1)
+        else:
+            x = jnp.tensordot(x, matrix, axes=([0], [1 if transpose else 0]))
+    return x
+
+
+def map_leaves(fn: Callable, updates: Any, *trees: Any, n_out: int) -> tuple:
+    """`fn(update, *parts)` per trainable leaf of `updates`.
+
+    `trees` are shaped like `updates` up to its leaves and may hold a subtree
+    (a tuple of factors) at each; where an update is `None` the outputs are
+    `None` followed by the corresponding parts of `trees` unchanged.
+    """
+    leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
+    parts = [treedef.flatten_up_to(tree) for tree in trees]
+    outs = []
+    for u, *rest in zip(leaves, *parts, strict=True):
+        outs.append((None, *rest[: n_out - 1]) if u is None else fn(u, *rest))
+    return tuple(
+        jax.tree.unflatten(treedef, [out[i] for out in outs]) for i in range(n_out)
+    )
+
+
+def map_params(fn: Callable, params: Any) -> Any:
+    """`fn(leaf)` at each trainable (inexact array) leaf of `params`, `None` elsewhere."""
+    return jax.tree.map(lambda p: fn(p) if is_trainable(p) else None, params)
