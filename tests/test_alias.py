@@ -412,8 +412,16 @@ def test_lion_mask_predicate_sees_leaves_not_the_model():
 
     opt = eqopt.lion(1e-3, mask=matrices)
     grads = eqx.filter_grad(lambda m: jnp.sum(m(jnp.ones(3))))(model)
-    opt.update(grads, opt.init(model), model)
-    assert seen and all(issubclass(t, jax.Array) for t in seen)
+    updates, _ = opt.update(grads, opt.init(model), model)
+    # Each selection is made per leaf; the only other call is the one probe on
+    # the whole model that refuses an Optax-style whole-params mask function
+    # (`_filters.refuse_whole_params_reading`).
+    assert any(issubclass(t, jax.Array) for t in seen)
+    assert all(issubclass(t, jax.Array) or t is eqx.nn.Linear for t in seen)
+    # The mask selects the weight decay: the bias (a vector) is not decayed.
+    plain, _ = eqopt.lion(1e-3, weight_decay=0.0).update(grads, opt.init(model), model)
+    np.testing.assert_array_equal(updates.bias, plain.bias)
+    assert not np.array_equal(updates.weight, plain.weight)
 
 
 def test_elementwise_claims():

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _precond_oracles import draw, psgd_jax_kron
-from _small_problems import train
+from _training import train
 from helpers import Case
 
 import eqopt

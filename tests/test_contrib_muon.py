@@ -297,7 +297,7 @@ def test_bad_specs_are_clear_errors():
         eqopt.contrib.muon(0.1, ns_coeffs="fast")
     with pytest.raises(ValueError, match="ns_coeffs"):
         eqopt.contrib.scale_by_muon(ns_coeffs=(1.0, 2.0))
-    with pytest.raises(TypeError, match="preconditioning"):
+    with pytest.raises(ValueError, match="preconditioning"):
         eqopt.contrib.scale_by_muon(preconditioning="polar")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="reduction_axis"):
         MuonDimensionNumbers(reduction_axis="rows")  # type: ignore[arg-type]

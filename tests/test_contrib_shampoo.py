@@ -17,7 +17,7 @@ from _precond_oracles import (
     old_jax_tree_names,
     relative_difference,
 )
-from _small_problems import train
+from _training import train
 from helpers import Case
 
 import eqopt

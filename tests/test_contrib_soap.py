@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _precond_oracles import draw, relative_difference, torch_and_pytorch_optimizer
-from _small_problems import train
+from _training import train
 from helpers import Case
 
 import eqopt
