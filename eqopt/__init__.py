@@ -67,6 +67,7 @@ if _TYPE_CHECKING:
         GradientTransformationExtraArgs as GradientTransformationExtraArgs,
         OptState as OptState,
         Params as Params,
+        PerformanceHint as PerformanceHint,
         Updates as Updates,
         leafwise as leafwise,
         zeros_like_trainable as zeros_like_trainable,

@@ -2,6 +2,8 @@
 
 import abc
 import functools
+import threading
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, no_type_check
 
@@ -11,7 +13,13 @@ import jax.core
 import jax.numpy as jnp
 import numpy as np
 
-from ._fused._pack import contains_packed, repack_like, unpack_all
+from ._fused._pack import (
+    _layout_of,
+    contains_packed,
+    repack_like,
+    unpack_all,
+    worth_bucketing,
+)
 from ._hyper import check_fields
 from ._leaves import (
     InexactTree as InexactTree,
@@ -162,13 +170,69 @@ def pretty(module: eqx.Module) -> str:
     return eqx.tree_pformat(jax.tree.map(_readable, module))
 
 
+class PerformanceHint(UserWarning):
+    """A warning that the step would run faster another way, with the way.
+
+    Given once per process, by the outermost `init` of a default-path
+    optimiser whose params have many small trainable leaves (see the
+    Performance page's "Which path"). Silence it with
+    `warnings.filterwarnings("ignore", category=eqopt.PerformanceHint)`.
+    """
+
+
+class _InitDepth(threading.local):
+    depth = 0
+    hinted = False
+
+
+_INIT = _InitDepth()
+
+
+def _hint_bucketing(transform: Any, params: Any) -> None:
+    """The default path's automatic choice: per leaf, or a hint to bucket or pack.
+
+    The default path keeps its state shaped like the model (Optax-ported code
+    reads `state[0].mu` as params-shaped), so it does not switch layouts
+    behind the user's back; on params where `eqopt.bucketed` would choose to
+    bucket, it says so once.
+    """
+    if _INIT.hinted or not getattr(transform, "advises_bucketing", True):
+        return
+    if contains_packed(params):
+        return
+    layout = _layout_of(jax.tree.leaves(params))
+    if not layout.slots or not worth_bucketing(layout):
+        return
+    _INIT.hinted = True
+    n_leaves = len(layout.slots)
+    mean = sum(layout.sizes()) / n_leaves
+    warnings.warn(
+        f"These params have {n_leaves} trainable leaves of {mean:.0f} elements "
+        "on average: per-leaf overhead dominates this optimiser's step. "
+        "`opt = eqopt.bucketed(opt)` keeps the state in one buffer per dtype "
+        "(same numbers, state read with `state.unpacked()`), and `eqopt.pack(model)` "
+        "packs the params too; see the Performance page. (Given once; silence "
+        "it with `warnings.filterwarnings('ignore', category=eqopt.PerformanceHint)`.)",
+        PerformanceHint,
+        stacklevel=3,
+    )
+
+
 @no_type_check
 def _unpacking_init(method: Callable) -> Callable:
     @functools.wraps(method)
     def init(self, params):
-        if not (self.handles_packed or self.elementwise) and contains_packed(params):
-            return method(self, unpack_all(params))
-        return method(self, params)
+        if _INIT.depth == 0:
+            _hint_bucketing(self, params)
+        _INIT.depth += 1
+        try:
+            if not (self.handles_packed or self.elementwise) and contains_packed(
+                params
+            ):
+                return method(self, unpack_all(params))
+            return method(self, params)
+        finally:
+            _INIT.depth -= 1
 
     return init
 
@@ -240,6 +304,10 @@ class AbstractGradientTransformation(eqx.Module):
     #: and slow weights). Then every `update` checks this first, with one short
     #: error naming the first place where the two trees differ.
     params_like_updates: ClassVar[bool] = True
+
+    #: Whether the outermost `init` may give a [`eqopt.PerformanceHint`][] that
+    #: many small leaves would run faster bucketed ([`eqopt.bucketed`][] says no).
+    advises_bucketing: ClassVar[bool] = True
 
     @no_type_check
     def __init_subclass__(cls, **kwargs):

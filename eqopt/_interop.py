@@ -129,13 +129,18 @@ class FromOptax(AbstractGradientTransformation):
             new_updates, inner_state = self.transform.update(
                 inner_updates, state.inner_state, trainable
             )
-        # `None` stays `None`, where the gradient was absent.
-        new_updates = jax.tree.map(
-            lambda u, new: None if u is None else new,
-            updates,
-            new_updates,
-            is_leaf=is_none,
-        )
+        # `None` stays `None`, where the gradient was absent; an output not shaped
+        # like the updates (a measurement, from Optax's `measure_with_ema`) is
+        # passed on as it is.
+        if jax.tree.structure(new_updates, is_leaf=is_none) == jax.tree.structure(
+            updates, is_leaf=is_none
+        ):
+            new_updates = jax.tree.map(
+                lambda u, new: None if u is None else new,
+                updates,
+                new_updates,
+                is_leaf=is_none,
+            )
         return new_updates, FromOptaxState(inner_state=inner_state)
 
 

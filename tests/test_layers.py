@@ -46,6 +46,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "eqopt._numerics",
             "eqopt._fused",
             "eqopt._fused._pack",
+            "eqopt._fused._split",
         ),
     ),
     (

@@ -40,6 +40,7 @@ from loss_helpers import (
     _softmax_np,
 )
 
+import eqopt
 import eqopt.losses as losses
 from eqopt.losses._utils import ShapeMismatchError
 
@@ -343,12 +344,13 @@ Z = jnp.zeros
             _TYPE_ERROR,
             "argument `labels`",
         ),
+        # Bad values (shapes that do not agree, unknown choices) are value errors;
+        # any value outside a choice's options is one, as in Optax.
         (
             lambda: losses.dice_loss(Z((2, 3, 3)), Z((2, 3, 3)), reduction=1),
-            _TYPE_ERROR,
-            "argument `reduction`",
+            eqopt.ArgumentValueError,
+            "argument `reduction` must be one of 'mean', 'sum', 'none', got int 1",
         ),
-        # Bad values (shapes that do not agree, unknown choices) are value errors.
         (
             lambda: losses.softmax_cross_entropy(Z((2, 3)), jnp.array([0, 2])),
             _SHAPE_ERROR,

@@ -182,3 +182,34 @@ def test_automatic_choice_on_a_residual_stack():
     assert not opt.init(big).is_bucketed
     many_large = {f"w{i}": jnp.ones((200, 100)) for i in range(10)}
     assert not opt.init(many_large).is_bucketed
+
+
+def test_default_path_hints_bucketing_once(monkeypatch):
+    """The default path's automatic choice: it stays per leaf (its state is shaped
+    like the model) and, where `bucketed` would bucket, says so once per process."""
+    import warnings
+
+    import eqopt._base
+
+    monkeypatch.setattr(eqopt._base._INIT, "hinted", False)
+    stack = _model(40)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # No hint: few or large leaves, a bucketed optimiser, packed params.
+        eqopt.adam(1e-2).init({"w": jnp.ones((256, 256)), "b": jnp.ones((256,))})
+        eqopt.adam(1e-2).init(_model(4))
+        eqopt.bucketed(eqopt.adam(1e-2)).init(stack)
+        eqopt.adam(1e-2).init(eqopt.pack(stack))
+        assert not [w for w in caught if w.category is eqopt.PerformanceHint]
+        state = eqopt.chain(eqopt.clip_by_global_norm(1.0), eqopt.adam(1e-2)).init(
+            stack
+        )
+        eqopt.sgd(1e-2, momentum=0.9).init(stack)
+    hints = [w for w in caught if w.category is eqopt.PerformanceHint]
+    assert len(hints) == 1  # once, by the outermost init only
+    assert str(hints[0].message).startswith(
+        "These params have 80 trainable leaves of 36 elements on average"
+    )
+    assert "eqopt.bucketed(opt)" in str(hints[0].message)
+    # The default path's state stays shaped like the model.
+    assert state[1][0].mu.layers[0].weight.shape == (8, 8)

@@ -456,7 +456,7 @@ def test_type_annotations_are_checked():
         pytest.skip("eqopt.tree was imported outside eqopt's import hook")
     with pytest.raises(TypeError):  # `scalar` must be a scalar
         eqopt.tree.scale(jnp.ones(3), x())
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="one of 'promote'"):  # an unknown choice
         eqopt.tree.dtype(x(), "largest")  # pyright: ignore[reportArgumentType]
     with pytest.raises(TypeError):
         eqopt.tree.clip(x(), "low")  # pyright: ignore[reportArgumentType]

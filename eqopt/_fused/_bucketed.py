@@ -1,6 +1,6 @@
 """Bucketed optimiser state: the params stay as they are, the state lives in a few buffers."""
 
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import equinox as eqx
 import jax
@@ -15,12 +15,15 @@ from .._base import (
 from .._interop import as_transform
 from .._leaves import is_none
 from ._pack import (
+    MAX_MEAN_LEAF_SIZE as MAX_MEAN_LEAF_SIZE,
+    MIN_LEAVES_PER_BUFFER as MIN_LEAVES_PER_BUFFER,
     Packed,
     _layout_of,
     check_treedef,
     pack,
     packed_from_layout,
     unpack_all,
+    worth_bucketing,
 )
 
 
@@ -45,29 +48,6 @@ class BucketedState(eqx.Module):
     def unpacked(self) -> OptState:
         """The inner state with every packed moment rebuilt in the shape of the params."""
         return unpack_all(self.inner)
-
-
-#: The automatic choice buckets when the trainable leaves average at most this
-#: many elements. Past it, one leaf's arithmetic costs more than the few
-#: microseconds of per-leaf overhead that bucketing saves, while the extra pass
-#: bucketing makes (gathering the gradients, scattering the updates) grows with
-#: the size. Whole training steps (benchmarks/train_step_bench.py) put the line
-#: between 136 elements a leaf (200 residual layers: 0.42-0.81 of Optax's step)
-#: and 3.9k-4.8k (a small ResNet and transformer: 0.70-1.25, A/A 0.92-1.02);
-#: on one 33M-element leaf bucketing made clipped AdamW 2.5 times slower.
-MAX_MEAN_LEAF_SIZE = 1024
-#: ...and when there are at least this many trainable leaves per buffer (a
-#: 28-leaf transformer gained nothing).
-MIN_LEAVES_PER_BUFFER = 32
-
-
-def _worth_bucketing(layout: Any) -> bool:
-    n_leaves = len(layout.slots)
-    n_elements = sum(layout.sizes())
-    return (
-        n_leaves >= MIN_LEAVES_PER_BUFFER * len(layout.buffers)
-        and n_elements <= MAX_MEAN_LEAF_SIZE * n_leaves
-    )
 
 
 class Bucketed(AbstractGradientTransformation):
@@ -111,6 +91,9 @@ class Bucketed(AbstractGradientTransformation):
     inner: AbstractGradientTransformation
     always: bool = eqx.field(static=True)
 
+    # Bucketing is the advice; a bucketed optimiser needs none.
+    advises_bucketing: ClassVar[bool] = False
+
     def __init__(self, inner: Any, always: bool = False):
         self.inner = as_transform(inner)
         self.always = always
@@ -127,7 +110,7 @@ class Bucketed(AbstractGradientTransformation):
                 "`bucketed` found no trainable array in the params (no floating or complex "
                 "JAX array leaf): there is no state to bucket."
             )
-        if not (self.always or _worth_bucketing(layout)):
+        if not (self.always or worth_bucketing(layout)):
             return BucketedState(
                 inner=self.inner.init(params), layout=None, treedef=treedef
             )

@@ -12,6 +12,7 @@ import numpy as np
 from jaxtyping import Array, Inexact, PyTree
 
 from .._leaves import is_none, is_trainable
+from .._sharding import gathered
 from .._structure import structure_mismatch_message
 from ._split import split_buffer
 
@@ -135,6 +136,30 @@ def _layout_of(leaves: list) -> _Layout:
     return _Layout.make(tuple(slots), buffers)
 
 
+#: The automatic choice buckets when the trainable leaves average at most this
+#: many elements. Past it, one leaf's arithmetic costs more than the few
+#: microseconds of per-leaf overhead that bucketing saves, while the extra pass
+#: bucketing makes (gathering the gradients, scattering the updates) grows with
+#: the size. Whole training steps (benchmarks/train_step_bench.py) put the line
+#: between 136 elements a leaf (200 residual layers: 0.42-0.81 of Optax's step)
+#: and 3.9k-4.8k (a small ResNet and transformer: 0.70-1.25, A/A 0.92-1.02);
+#: on one 33M-element leaf bucketing made clipped AdamW 2.5 times slower.
+MAX_MEAN_LEAF_SIZE = 1024
+#: ...and when there are at least this many trainable leaves per buffer (a
+#: 28-leaf transformer gained nothing).
+MIN_LEAVES_PER_BUFFER = 32
+
+
+def worth_bucketing(layout: _Layout) -> bool:
+    """Whether bucketing the state of params laid out as `layout` is worth it."""
+    n_leaves = len(layout.slots)
+    n_elements = sum(layout.sizes())
+    return (
+        n_leaves >= MIN_LEAVES_PER_BUFFER * len(layout.buffers)
+        and n_elements <= MAX_MEAN_LEAF_SIZE * n_leaves
+    )
+
+
 @no_type_check
 def _concatenate(leaves: list, layout: _Layout) -> tuple:
     parts: list[list] = [[] for _ in layout.buffers]
@@ -158,6 +183,12 @@ def _split(buffers: tuple, layout: _Layout) -> dict[int, Array]:
             out.update((slot.leaf_index, None) for slot in slots)
             continue
         sizes = tuple(int(np.prod(slot.shape, dtype=np.int64)) for slot in slots)
+        if sharding is None:
+            # Leaves laid out whole (replicated) whose buffer was split over an
+            # explicit axis (ZeRO-1's updates): JAX cannot cut a split buffer at
+            # offsets that do not divide by the axis, so it is gathered first,
+            # the all-gather that gives every device the whole update anyway.
+            buffer = gathered(buffer)[0]
         pieces = split_buffer(buffer, sizes, sharded=sharding is not None)
         for slot, piece in zip(slots, pieces, strict=True):
             out[slot.leaf_index] = piece.reshape(slot.shape)

@@ -20,6 +20,7 @@ from .._combine import Chain
 from .._filters import FilterSpec
 from .._hyper import ScalarLike, ScalarOrSchedule, as_scalar, check_decays
 from .._numerics import abs_squared, debias, safe_int32_increment
+from .._sharding import gathered
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
 from ._dimension_numbers import resolve_dimension_numbers
@@ -99,7 +100,9 @@ def _block_mean(squares, blocks):
     """The mean of `squares` over each block: shape `blocks.shape(squares.shape)`."""
     if blocks.axis is None:
         return jnp.mean(squares)
-    moved = jnp.moveaxis(squares, blocks.axis, 0)
+    # A block's mean needs its whole block: on explicit axes, a leaf split over
+    # the block axis is gathered first (the means are a few scalars).
+    moved = jnp.moveaxis(gathered(squares)[0], blocks.axis, 0)
     count = moved.shape[0] if blocks.heads is None else blocks.heads
     return jnp.mean(moved.reshape(count, -1), axis=1)
 
