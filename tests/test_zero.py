@@ -77,10 +77,9 @@ REPRESENTATIVE = {{
     "multi_steps-3", "inject_hyperparams-adam", "partition-labels",
     "adafactor-factored", "lbfgs", "contrib.muon",
 }}
-# ...of which these also on the packed and bucketed paths, on automatic axes
-# (on explicit ones JAX cannot slice a split buffer into leaves that do not
-# divide by the axis).
-PACKED = {{"inject_hyperparams-adam", "multi_steps-3"}} if {kind!r} == "Auto" else set()
+# ...of which these also on the packed and bucketed paths (on explicit axes
+# the split update buffer is gathered before it is cut into leaves).
+PACKED = {{"inject_hyperparams-adam", "multi_steps-3"}}
 assert REPRESENTATIVE <= {{case.name for case in ALL_CASES}}
 meshes = {{
     kind: jax.make_mesh((2, 4), ("a", "b"), axis_types=(kind,) * 2)
