@@ -192,12 +192,12 @@ def test_default_path_hints_bucketing_once(monkeypatch):
     import eqopt._base
 
     monkeypatch.setattr(eqopt._base._INIT, "hinted", False)
-    stack = _model(40)
+    stack = _model(70)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         # No hint: few or large leaves, a bucketed optimiser, packed params.
         eqopt.adam(1e-2).init({"w": jnp.ones((256, 256)), "b": jnp.ones((256,))})
-        eqopt.adam(1e-2).init(_model(4))
+        eqopt.adam(1e-2).init(_model(40))  # 80 leaves: bucketed, but no hint
         eqopt.bucketed(eqopt.adam(1e-2)).init(stack)
         eqopt.adam(1e-2).init(eqopt.pack(stack))
         assert not [w for w in caught if w.category is eqopt.PerformanceHint]
@@ -208,7 +208,7 @@ def test_default_path_hints_bucketing_once(monkeypatch):
     hints = [w for w in caught if w.category is eqopt.PerformanceHint]
     assert len(hints) == 1  # once, by the outermost init only
     assert str(hints[0].message).startswith(
-        "These params have 80 trainable leaves of 36 elements on average"
+        "These params have 140 trainable leaves of 36 elements on average"
     )
     assert "eqopt.bucketed(opt)" in str(hints[0].message)
     # The default path's state stays shaped like the model.
