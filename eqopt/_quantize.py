@@ -357,17 +357,20 @@ class QuantizedArray(eqx.Module):
     ) -> "QuantizedArray":
         """Quantises `x` block by block (`kind` as for the field)."""
         dtype = jnp.result_type(x) if dtype is None else dtype
-        # Blocks are flat: an array sharded over an explicit axis is gathered first.
-        x, _ = gathered(jnp.asarray(x, jnp.float32))
-        shape, size = tuple(x.shape), x.size
-        blocks = -(-size // block_size)
-        flat = x.reshape(-1)
-        if blocks * block_size != size:
-            flat = jnp.pad(flat, (0, blocks * block_size - size))
-        rows = flat.reshape(blocks, block_size)
-        if kind == "sqrt":
-            rows = jnp.sqrt(jnp.maximum(rows, 0.0))
-        scales = jnp.max(jnp.abs(rows), axis=1)
+        rows = _rows(x, kind, block_size)
+        (scales,) = _block_maxima([rows])
+        return cls._from_rows(rows, scales, tuple(x.shape), bits, kind, dtype)
+
+    @classmethod
+    def _from_rows(
+        cls,
+        rows: Array,
+        scales: Array,
+        shape: tuple[int, ...],
+        bits: int,
+        kind: str,
+        dtype: Any,
+    ) -> "QuantizedArray":
         inverse = jnp.where(scales > 0, 1.0 / jnp.where(scales > 0, scales, 1.0), 0.0)
         codes = _encode(rows * inverse[:, None], kind, bits)
         if bits == 4:
@@ -408,10 +411,72 @@ class QuantizedArray(eqx.Module):
             kind=kind,
         )
 
+    @property
+    def block_size(self) -> int:
+        """Elements per scale."""
+        return self.codes.shape[1] * (1 if self.bits == 8 else 2)
+
     def requantize(self, x: Array) -> "QuantizedArray":
         """`x` (shaped like this array) quantised in this array's format."""
-        block_size = self.codes.shape[1] * (1 if self.bits == 8 else 2)
-        return QuantizedArray.quantize(x, self.bits, self.kind, block_size, self.dtype)
+        (new,) = requantize_all([self], [x])
+        return new
+
+
+@no_type_check
+def _rows(x, kind, block_size):
+    """`x` flattened into rows of `block_size` (zero-padded), as the codes store it
+    ($\\sqrt x$ for a second moment)."""
+    # Blocks are flat: an array sharded over an explicit axis is gathered first.
+    x, _ = gathered(jnp.asarray(x, jnp.float32))
+    size = x.size
+    blocks = -(-size // block_size)
+    flat = x.reshape(-1)
+    if blocks * block_size != size:
+        flat = jnp.pad(flat, (0, blocks * block_size - size))
+    rows = flat.reshape(blocks, block_size)
+    if kind == "sqrt":
+        rows = jnp.sqrt(jnp.maximum(rows, 0.0))
+    return rows
+
+
+@no_type_check
+def _block_maxima(rows):
+    """Each block's absolute maximum, for several arrays of rows at once.
+
+    One variadic reduction: it fuses with the arithmetic that makes the rows
+    (the moment update), reads the gradient once for all moments, and is not
+    handed to XLA CPU's library reduction (a plain `jnp.max` was, which made
+    the rows a float32 temporary written and read again).
+    """
+    shapes = {r.shape for r in rows}
+    if len(shapes) > 1:
+        return [m for r in rows for m in _block_maxima([r])]
+    # Two operands at least: a single-operand max goes to the library reduction.
+    operands = [jnp.abs(r) for r in rows] + (
+        [jnp.abs(rows[0])] if len(rows) == 1 else []
+    )
+    maxima = jax.lax.reduce(
+        tuple(operands),
+        tuple(jnp.float32(0) for _ in operands),
+        lambda a, b: tuple(jnp.maximum(x, y) for x, y in zip(a, b, strict=True)),
+        (1,),
+    )
+    return list(maxima[: len(rows)])
+
+
+@no_type_check
+def requantize_all(olds, news):
+    """Each of `news` quantised in the format of the matching `olds`, with the block
+    maxima of all of them taken in one pass."""
+    rows = [
+        _rows(new, old.kind, old.block_size)
+        for old, new in zip(olds, news, strict=True)
+    ]
+    scales = _block_maxima(rows)
+    return [
+        QuantizedArray._from_rows(r, s, old.shape, old.bits, old.kind, old.dtype)
+        for r, s, old in zip(rows, scales, olds, strict=True)
+    ]
 
 
 # ---------------------------------------------------------------------------
@@ -499,13 +564,18 @@ def call_dequantized(fn: Any, u: Any, rest: Any) -> Any:
     out = fn(u, *(dequantize_all(x, u) for x in rest))
     if not isinstance(out, tuple):
         return out
-    return (
-        out[0],
-        *(
-            old.requantize(new) if is_quantized(old) else new
-            for new, old in zip(out[1:], rest, strict=False)
-        ),
+    pairs = [
+        (k, old, new)
+        for k, (new, old) in enumerate(zip(out[1:], rest, strict=False))
+        if is_quantized(old)
+    ]
+    requantized = requantize_all(
+        [old for _, old, _ in pairs], [new for _, _, new in pairs]
     )
+    outputs = list(out[1:])
+    for (k, _, _), new in zip(pairs, requantized, strict=True):
+        outputs[k] = new
+    return (out[0], *outputs)
 
 
 def any_quantized(*dtypes: Any) -> bool:
