@@ -17,6 +17,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import pytest
@@ -349,6 +350,30 @@ def test_rule_on_an_abstract_state():
     assert both["rows"].spec == P(("model", "data"), None)
     with pytest.raises(ValueError, match="no axis 'batch'"):
         eqopt.zero_shardings(state, mesh, "batch")
+
+
+def test_quantized_moments_split_over_blocks():
+    """A quantised moment's codes and scales split together over their blocks,
+    never across a block's width (explicit axes cannot read such codes back)."""
+    mesh = AbstractMesh((4,), ("data",), axis_types=(AxisType.Auto,))
+    fmt = eqopt.Quantized(8, block_size=8, min_size=0)
+    opt = eqopt.adam(1e-3, mu_dtype=fmt, nu_dtype=fmt)
+    params = {"two_blocks": jnp.ones((2, 8)), "eight_blocks": jnp.ones((8, 8))}
+    state = eqx.filter_eval_shape(opt.init, params)
+    shardings = eqopt.zero_shardings(state, mesh, min_size=0)
+    for moment in (shardings[0].mu, shardings[0].nu):
+        assert moment["eight_blocks"].codes.spec == P("data", None)
+        assert moment["eight_blocks"].scales.spec == P("data")
+        assert moment["two_blocks"].codes.spec == P(None, None)
+        assert moment["two_blocks"].scales.spec == P(None)
+    unsplit = eqopt.zero_unsplit(state, mesh, min_size=0)
+    assert unsplit[".states[0].mu['two_blocks'].codes"] == (
+        "2 blocks of codes, not divisible by 4"
+    )
+    assert ".states[0].nu['eight_blocks'].codes" not in unsplit
+    assert eqopt.zero_unsplit(state, mesh)[".states[0].mu['eight_blocks'].scales"] == (
+        "64 elements, fewer than min_size=1024"
+    )
 
 
 def run_script(script: str, *, devices: int = 8, timeout: int = 600, **values) -> str:
