@@ -6,7 +6,10 @@ on a ~4M-parameter MLP (`eqx.nn.MLP`, 10 leaves), this reports
 - state bytes per parameter (codes and per-block scales included);
 - the step time of `update` + `apply_updates` on fixed gradients (params and
   state donated), on the default path (the model as it is) and on the packed
-  path ([`eqopt.pack`]), as a ratio to float32 Adam on the same path.
+  path ([`eqopt.pack`]), as a ratio to float32 Adam on the same path;
+- two reference kernels that are not optimisers (`KERNELS`), the floor under
+  any 8-bit state on XLA CPU: the codes only read and written back, and Adam
+  on linear 8-bit codes with a fixed scale (no block maximum).
 
 The variants run interleaved in rounds (the order rotates every round), each
 round timing every variant's median over a few steps; the table gives the
@@ -45,6 +48,40 @@ VARIANTS = {
 }
 
 
+#: Reference kernels, not optimisers: what any 8-bit state costs in XLA here.
+#: `codes copy` reads the params, gradients and two uint8 codes per parameter
+#: and writes them back with no arithmetic (the memory traffic alone);
+#: `8-bit floor` is Adam on two linear 8-bit codes per parameter with a fixed
+#: scale: decode, update, encode in one pass per output, no block maximum.
+KERNELS = ("codes copy", "8-bit floor")
+
+
+def _kernel_step(name: str):
+    b1, b2, learning_rate, eps = 0.9, 0.999, 1e-3, 1e-8
+
+    def leaf(p, g, mu, nu):
+        if name == "codes copy":
+            return p + g, mu + jnp.uint8(1), nu + jnp.uint8(1)
+        m = b1 * ((mu.astype(jnp.float32) - 127.0) * (1 / 127)) + (1 - b1) * g
+        root = (nu.astype(jnp.float32) + 1.0) * (1 / 256)
+        v = b2 * root * root + (1 - b2) * g * g
+        p = p - learning_rate * m / (jnp.sqrt(v) + eps)
+        mu = (jnp.round(jnp.clip(m, -1.0, 1.0) * 127.0) + 127.0).astype(jnp.uint8)
+        nu = jnp.clip(jnp.round(jnp.sqrt(v) * 256.0) - 1.0, 0.0, 255.0)
+        return p, mu, nu.astype(jnp.uint8)
+
+    def step(params, state, grads):
+        leaves, treedef = jax.tree.flatten(params)
+        out = [
+            leaf(p, g, mu, nu)
+            for p, g, mu, nu in zip(leaves, jax.tree.leaves(grads), *state, strict=True)
+        ]
+        new_params = jax.tree.unflatten(treedef, [o[0] for o in out])
+        return new_params, ([o[1] for o in out], [o[2] for o in out])
+
+    return step
+
+
 def make_model(width: int, depth: int):
     return eqx.nn.MLP(width, width, width, depth, key=jax.random.key(0))
 
@@ -58,18 +95,22 @@ def state_bytes(state) -> int:
 
 
 def build(variant: str, path: str, model):
-    opt = eqopt.adam(1e-3, **VARIANTS[variant])
     # A copy: the step donates its params.
     params = jax.tree.map(jnp.copy, eqx.filter(model, eqx.is_array))
     if path == "packed":
         params = eqopt.pack(params)
-    state = opt.init(params)
     grads = jax.tree.map(lambda x: jnp.cos(x * 3.0) * 1e-2, params)
+    if variant in KERNELS:
+        codes = [jnp.full(x.shape, 127, jnp.uint8) for x in jax.tree.leaves(params)]
+        state = (codes, [jnp.copy(c) for c in codes])
+        step = _kernel_step(variant)
+    else:
+        opt = eqopt.adam(1e-3, **VARIANTS[variant])
+        state = opt.init(params)
 
-    @jax.jit
-    def step(params, state, grads):
-        updates, state = opt.update(grads, state, params)
-        return eqopt.apply_updates(params, updates), state
+        def step(params, state, grads):
+            updates, state = opt.update(grads, state, params)
+            return eqopt.apply_updates(params, updates), state
 
     compiled = (
         jax.jit(step, donate_argnums=(0, 1)).lower(params, state, grads).compile()
@@ -100,7 +141,7 @@ def main() -> None:
     steps = 3 if args.quick else 7
     model = make_model(width, depth)
     n_params = sum(x.size for x in jax.tree.leaves(eqx.filter(model, eqx.is_array)))
-    names = list(VARIANTS)
+    names = [*VARIANTS, *KERNELS]
     entries, memory = {}, {}
     for path in ("default", "packed"):
         for name in names:
