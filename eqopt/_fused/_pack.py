@@ -146,7 +146,7 @@ def _concatenate(leaves: list, layout: _Layout) -> tuple:
 
 
 @no_type_check
-def _assemble(leaves: list, layout: _Layout) -> tuple:
+def _assemble(leaves: list, layout: _Layout, bases: tuple | None = None) -> tuple:
     """The buffers of `leaves` as `_concatenate` makes them, written piece by piece.
 
     For leaves that are computed in the step (a transform's updates): each is
@@ -154,8 +154,11 @@ def _assemble(leaves: list, layout: _Layout) -> tuple:
     place). A concatenation was fused with the arithmetic of every piece and
     with its consumers (`apply_updates`), so each element went through a
     branch on its leaf and the arithmetic ran unvectorised: 8-bit Adam's
-    packed step took 1.5-2 times as long (benchmarks/lowbit_bench.py). A
-    sharded buffer is concatenated (an update at an offset could gather it).
+    packed step took 1.5-2 times as long (benchmarks/lowbit_bench.py). The
+    pieces are written over a copy of `bases` (the buffers of the packed
+    gradient: every element is overwritten), where zeros made XLA fuse the
+    first piece into a pass over the whole buffer. A sharded buffer is
+    concatenated (an update at an offset could gather it).
     """
     parts: list[list] = [[] for _ in layout.buffers]
     for slot in layout.slots:
@@ -165,7 +168,10 @@ def _assemble(leaves: list, layout: _Layout) -> tuple:
         if len(chunks) == 1 or sharding is not None:
             buffers.append(jnp.concatenate(chunks) if len(chunks) > 1 else chunks[0])
             continue
-        buffer, offset = jnp.zeros((size,), dtype), 0
+        base = None if bases is None else bases[len(buffers)]
+        if base is None or base.dtype != dtype:
+            base = jnp.zeros((size,), dtype)
+        buffer, offset = base, 0
         for chunk in chunks:
             buffer = jax.lax.dynamic_update_slice_in_dim(buffer, chunk, offset, 0)
             offset += chunk.shape[0]
@@ -378,7 +384,10 @@ def packed_like(packed: Packed, tree: PyTree[Any], computed: bool = False) -> Pa
         if filled[slot.leaf_index] is None:
             dtype = packed.layout.buffers[slot.buffer][0]
             filled[slot.leaf_index] = jnp.zeros(slot.shape, dtype)
-    buffers = (_assemble if computed else _concatenate)(filled, packed.layout)
+    if computed:
+        buffers = _assemble(filled, packed.layout, packed.buffers)
+    else:
+        buffers = _concatenate(filled, packed.layout)
     rest = jax.tree.unflatten(treedef, [None] * len(reference_leaves))
     return Packed(buffers=buffers, rest=rest, layout=packed.layout)
 
