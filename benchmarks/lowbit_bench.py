@@ -83,6 +83,58 @@ def _kernel_step(name: str):
     return step
 
 
+def map_kernels(n: int, rounds: int) -> dict[str, float]:
+    """Each map's encoding and decoding of `n` elements alone, as a ratio to a
+    float32 Adam step on `n` elements (interleaved, median over rounds)."""
+    from eqopt._quantize import _decode_dynamic, _encode
+
+    values = jnp.sin(jnp.arange(n, dtype=jnp.float32)) ** 5
+    codes = (jnp.arange(n) % 256).astype(jnp.uint8)
+
+    def adam(p, m, v, g):
+        m = 0.9 * m + 0.1 * g
+        v = 0.999 * v + 0.001 * g * g
+        return p - 1e-3 * m / (jnp.sqrt(v) + 1e-8), m, v
+
+    kernels = {
+        # Inputs are arguments: a captured constant would be folded at compile time.
+        "dynamic encode": (lambda y: _encode(y, "dynamic", 8), (values,)),
+        "dynamic decode": (lambda c: _decode_dynamic(c, 8), (codes,)),
+        "linear encode": (lambda y: _encode(y, "linear", 8), (values,)),
+        "linear decode": (
+            lambda c: (c.astype(jnp.float32) - 127.0) * (1 / 127),
+            (codes,),
+        ),
+    }
+    compiled = {
+        name: (jax.jit(fn).lower(*args).compile(), args)
+        for name, (fn, args) in kernels.items()
+    }
+    step = jax.jit(adam, donate_argnums=(0, 1, 2))
+    state = (jnp.copy(values), jnp.zeros(n), jnp.zeros(n))
+
+    def timed(fn, *args):
+        times = []
+        for _ in range(7):
+            start = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    state = step(*state, values)
+    ratios = {name: [] for name in kernels}
+    for _ in range(rounds):
+        times = []
+        for _ in range(7):
+            start = time.perf_counter()
+            state = jax.block_until_ready(step(*state, values))
+            times.append(time.perf_counter() - start)
+        adam_time = statistics.median(times)
+        for name, (fn, args) in compiled.items():
+            ratios[name].append(timed(fn, *args) / adam_time)
+    return {name: statistics.median(r) for name, r in ratios.items()}
+
+
 def make_model(width: int, depth: int):
     return eqx.nn.MLP(width, width, width, depth, key=jax.random.key(0))
 
@@ -196,6 +248,16 @@ def main() -> None:
             f"| {name} | {memory[name]:.3f} | {geo['default']:.2f}x | "
             f"{geo['packed']:.2f}x | {geo['packed_over_default']:.2f}x |"
         )
+    kernels = map_kernels(n_params, rounds)
+    result["map_kernels"] = kernels
+    print(
+        f"\nThe maps' arithmetic alone on {n_params / 1e6:.1f}M elements, "
+        "as a fraction of a float32 Adam step on as many:"
+    )
+    print("| kernel | time vs float32 Adam step |")
+    print("|---|---|")
+    for name, ratio in kernels.items():
+        print(f"| {name} | {ratio:.2f}x |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
