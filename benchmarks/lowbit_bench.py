@@ -6,12 +6,16 @@ on a ~4M-parameter MLP (`eqx.nn.MLP`, 10 leaves), this reports
 - state bytes per parameter (codes and per-block scales included);
 - the step time of `update` + `apply_updates` on fixed gradients (params and
   state donated), on the default path (the model as it is) and on the packed
-  path ([`eqopt.pack`]), as a ratio to float32 Adam on the same path.
+  path ([`eqopt.pack`]), as a ratio to float32 Adam on the same path;
+- two reference kernels that are not optimisers (`KERNELS`), the floor under
+  any 8-bit state on XLA CPU: the codes only read and written back, and Adam
+  on linear 8-bit codes with a fixed scale (no block maximum).
 
 The variants run interleaved in rounds (the order rotates every round), each
 round timing every variant's median over a few steps; the table gives the
 geometric mean over rounds of each variant's ratio to float32 Adam's median in
-the same round. `float32 (A/A)` is float32 Adam timed again as another
+the same round; the last column is each variant's packed step over its own
+default step. `float32 (A/A)` is float32 Adam timed again as another
 variant: its distance from 1.00 is the noise of the machine.
 
     python benchmarks/lowbit_bench.py              # about 4 minutes on 2 busy cores
@@ -45,6 +49,92 @@ VARIANTS = {
 }
 
 
+#: Reference kernels, not optimisers: what any 8-bit state costs in XLA here.
+#: `codes copy` reads the params, gradients and two uint8 codes per parameter
+#: and writes them back with no arithmetic (the memory traffic alone);
+#: `8-bit floor` is Adam on two linear 8-bit codes per parameter with a fixed
+#: scale: decode, update, encode in one pass per output, no block maximum.
+KERNELS = ("codes copy", "8-bit floor")
+
+
+def _kernel_step(name: str):
+    b1, b2, learning_rate, eps = 0.9, 0.999, 1e-3, 1e-8
+
+    def leaf(p, g, mu, nu):
+        if name == "codes copy":
+            return p + g, mu + jnp.uint8(1), nu + jnp.uint8(1)
+        m = b1 * ((mu.astype(jnp.float32) - 127.0) * (1 / 127)) + (1 - b1) * g
+        root = (nu.astype(jnp.float32) + 1.0) * (1 / 256)
+        v = b2 * root * root + (1 - b2) * g * g
+        p = p - learning_rate * m / (jnp.sqrt(v) + eps)
+        mu = (jnp.round(jnp.clip(m, -1.0, 1.0) * 127.0) + 127.0).astype(jnp.uint8)
+        nu = jnp.clip(jnp.round(jnp.sqrt(v) * 256.0) - 1.0, 0.0, 255.0)
+        return p, mu, nu.astype(jnp.uint8)
+
+    def step(params, state, grads):
+        leaves, treedef = jax.tree.flatten(params)
+        out = [
+            leaf(p, g, mu, nu)
+            for p, g, mu, nu in zip(leaves, jax.tree.leaves(grads), *state, strict=True)
+        ]
+        new_params = jax.tree.unflatten(treedef, [o[0] for o in out])
+        return new_params, ([o[1] for o in out], [o[2] for o in out])
+
+    return step
+
+
+def map_kernels(n: int, rounds: int) -> dict[str, float]:
+    """Each map's encoding and decoding of `n` elements alone, as a ratio to a
+    float32 Adam step on `n` elements (interleaved, median over rounds)."""
+    from eqopt._quantize import _decode_dynamic, _encode
+
+    values = jnp.sin(jnp.arange(n, dtype=jnp.float32)) ** 5
+    codes = (jnp.arange(n) % 256).astype(jnp.uint8)
+
+    def adam(p, m, v, g):
+        m = 0.9 * m + 0.1 * g
+        v = 0.999 * v + 0.001 * g * g
+        return p - 1e-3 * m / (jnp.sqrt(v) + 1e-8), m, v
+
+    kernels = {
+        # Inputs are arguments: a captured constant would be folded at compile time.
+        "dynamic encode": (lambda y: _encode(y, "dynamic", 8), (values,)),
+        "dynamic decode": (lambda c: _decode_dynamic(c, 8), (codes,)),
+        "linear encode": (lambda y: _encode(y, "linear", 8), (values,)),
+        "linear decode": (
+            lambda c: (c.astype(jnp.float32) - 127.0) * (1 / 127),
+            (codes,),
+        ),
+    }
+    compiled = {
+        name: (jax.jit(fn).lower(*args).compile(), args)
+        for name, (fn, args) in kernels.items()
+    }
+    step = jax.jit(adam, donate_argnums=(0, 1, 2))
+    state = (jnp.copy(values), jnp.zeros(n), jnp.zeros(n))
+
+    def timed(fn, *args):
+        times = []
+        for _ in range(7):
+            start = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    state = step(*state, values)
+    ratios = {name: [] for name in kernels}
+    for _ in range(rounds):
+        times = []
+        for _ in range(7):
+            start = time.perf_counter()
+            state = jax.block_until_ready(step(*state, values))
+            times.append(time.perf_counter() - start)
+        adam_time = statistics.median(times)
+        for name, (fn, args) in compiled.items():
+            ratios[name].append(timed(fn, *args) / adam_time)
+    return {name: statistics.median(r) for name, r in ratios.items()}
+
+
 def make_model(width: int, depth: int):
     return eqx.nn.MLP(width, width, width, depth, key=jax.random.key(0))
 
@@ -58,18 +148,22 @@ def state_bytes(state) -> int:
 
 
 def build(variant: str, path: str, model):
-    opt = eqopt.adam(1e-3, **VARIANTS[variant])
     # A copy: the step donates its params.
     params = jax.tree.map(jnp.copy, eqx.filter(model, eqx.is_array))
     if path == "packed":
         params = eqopt.pack(params)
-    state = opt.init(params)
     grads = jax.tree.map(lambda x: jnp.cos(x * 3.0) * 1e-2, params)
+    if variant in KERNELS:
+        codes = [jnp.full(x.shape, 127, jnp.uint8) for x in jax.tree.leaves(params)]
+        state = (codes, [jnp.copy(c) for c in codes])
+        step = _kernel_step(variant)
+    else:
+        opt = eqopt.adam(1e-3, **VARIANTS[variant])
+        state = opt.init(params)
 
-    @jax.jit
-    def step(params, state, grads):
-        updates, state = opt.update(grads, state, params)
-        return eqopt.apply_updates(params, updates), state
+        def step(params, state, grads):
+            updates, state = opt.update(grads, state, params)
+            return eqopt.apply_updates(params, updates), state
 
     compiled = (
         jax.jit(step, donate_argnums=(0, 1)).lower(params, state, grads).compile()
@@ -100,7 +194,7 @@ def main() -> None:
     steps = 3 if args.quick else 7
     model = make_model(width, depth)
     n_params = sum(x.size for x in jax.tree.leaves(eqx.filter(model, eqx.is_array)))
-    names = list(VARIANTS)
+    names = [*VARIANTS, *KERNELS]
     entries, memory = {}, {}
     for path in ("default", "packed"):
         for name in names:
@@ -109,12 +203,21 @@ def main() -> None:
             memory[name] = state_bytes(entry[2]) / n_params
             time_steps(entry, 1)  # warm-up
     ratios = {key: [] for key in entries}
+    packed_over_default = {name: [] for name in names}
     for r in range(rounds):
+        medians = {}
         for path in ("default", "packed"):
             order = names[r % len(names) :] + names[: r % len(names)]
-            medians = {name: time_steps(entries[path, name], steps) for name in order}
+            for name in order:
+                medians[path, name] = time_steps(entries[path, name], steps)
             for name in names:
-                ratios[path, name].append(medians[name] / medians["float32"])
+                ratios[path, name].append(
+                    medians[path, name] / medians[path, "float32"]
+                )
+        for name in names:
+            packed_over_default[name].append(
+                medians["packed", name] / medians["default", name]
+            )
     result = {
         "params": n_params,
         "leaves": len(jax.tree.leaves(eqx.filter(model, eqx.is_array))),
@@ -127,18 +230,34 @@ def main() -> None:
         f"{result['machine']}"
     )
     print(
-        "| moments | state bytes/param | step vs float32, default | step vs float32, packed |"
+        "| moments | state bytes/param | step vs float32, default "
+        "| step vs float32, packed | packed vs default |"
     )
-    print("|---|---|---|---|")
+    print("|---|---|---|---|---|")
+
+    def geometric_mean(values):
+        return math.exp(statistics.fmean(math.log(x) for x in values))
+
     for name in names:
         geo = {
-            path: math.exp(statistics.fmean(math.log(x) for x in ratios[path, name]))
-            for path in ("default", "packed")
+            path: geometric_mean(ratios[path, name]) for path in ("default", "packed")
         }
+        geo["packed_over_default"] = geometric_mean(packed_over_default[name])
         result["rows"].append(dict(variant=name, bytes=memory[name], **geo))
         print(
-            f"| {name} | {memory[name]:.3f} | {geo['default']:.2f}x | {geo['packed']:.2f}x |"
+            f"| {name} | {memory[name]:.3f} | {geo['default']:.2f}x | "
+            f"{geo['packed']:.2f}x | {geo['packed_over_default']:.2f}x |"
         )
+    kernels = map_kernels(n_params, rounds)
+    result["map_kernels"] = kernels
+    print(
+        f"\nThe maps' arithmetic alone on {n_params / 1e6:.1f}M elements, "
+        "as a fraction of a float32 Adam step on as many:"
+    )
+    print("| kernel | time vs float32 Adam step |")
+    print("|---|---|")
+    for name, ratio in kernels.items():
+        print(f"| {name} | {ratio:.2f}x |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

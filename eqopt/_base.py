@@ -266,7 +266,13 @@ def _unpacking_update(method: Callable) -> Callable:
                 unpacked, is_leaf=is_none
             ):
                 return new_updates, state
-            return repack_like(reference, new_updates), state
+            # Quantised moments make each leaf's update a long expression
+            # (decoding, Adam's arithmetic): concatenated, it was fused into one
+            # pass over the buffer behind a branch per leaf (see `_assemble`).
+            computed = any(
+                is_quantized(x) for x in jax.tree.leaves(state, is_leaf=is_quantized)
+            )
+            return repack_like(reference, new_updates, computed), state
         return method(self, updates, state, params, **extra_args)
 
     return update

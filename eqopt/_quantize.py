@@ -24,9 +24,11 @@ Two maps, after the papers:
   $(c + 1) / 2^b$, so a code never decodes to zero unless the whole block is
   zero (its scale is zero).
 
-The nearest code is computed arithmetically (a logarithm, a floor and a
-comparison of three candidates), never searched: `jnp.searchsorted` over the
+The nearest code is computed arithmetically (comparisons for the decade,
+one floor for the grid cell), never searched: `jnp.searchsorted` over the
 map cost 70-250 ms on 4M elements where the whole float32 Adam step took 25 ms.
+The block maxima of all the quantised moments of a leaf are one reduction
+(`requantize_all`), which fuses with the moment update.
 Zeros and constants are built directly as codes and scales, never quantised
 inside `jit` (quantising a large constant stalled XLA's constant folding for
 seconds).
@@ -185,40 +187,38 @@ def dynamic_map(bits: int) -> np.ndarray:
 def _encode_dynamic(y, bits):
     """Nearest code of `y` (in [-1, 1]) in the dynamic map, computed arithmetically.
 
-    The decade comes from $b - 2$ comparisons (a chain of selects, no logarithm
-    or power per element: those made this 30 times slower on CPU), then the
-    index inside the decade from one rounding, and the nearest of three
-    candidates: that value, the top of the decade below (or zero) and the
-    bottom of the decade above (or one).
+    Decade $i$ of the map spans $[10^{i-E}, 10^{i-E+1})$ (the lowest reaches
+    down to zero) and holds the midpoints of the $2^i$ cells of a linear grid,
+    so the cell that `y` falls in is its nearest value, except in the lowest
+    fifth of a decade's first cell, where the top value of the decade below
+    (or zero) is nearer, and above the midpoint of the map's two largest
+    values, where one is. The decade comes from $E - 1$ comparisons (selects,
+    no logarithm, power or division per element: those made this several
+    times slower on CPU).
     """
     decades = bits - 1
-    zero = 2**decades - 1  # the index of 0 in the sorted map
     a = jnp.abs(y)
-    # Decade i holds 10^(i-E+1) * (0.1 + 0.9 (j + 0.5) / 2^i), j < 2^i.
-    decade = jnp.zeros(a.shape, jnp.int32)
-    power = jnp.full(a.shape, 10.0 ** (1 - decades), jnp.float32)
-    width = jnp.ones(a.shape, jnp.float32)
+    width = jnp.ones_like(a)
+    inverse_power = jnp.full_like(a, 10.0 ** (decades - 1))
     for k in range(1, decades):
         above = a >= jnp.float32(10.0 ** (k - decades))
-        decade = decade + above.astype(jnp.int32)
-        power = jnp.where(above, jnp.float32(10.0 ** (k - decades + 1)), power)
         width = jnp.where(above, jnp.float32(2.0**k), width)
-    t = a / power
-    index = jnp.clip(jnp.floor((t - 0.1) * width * (1 / 0.9)), 0.0, width - 1.0)
-    value = power * (0.1 + 0.9 * (index + 0.5) / width)
-    below = jnp.where(decade > 0, power * 0.1 * (1.0 - 0.9 / width), 0.0)
-    above = jnp.where(decade < decades - 1, power * (1.0 + 2.25 / width), 1.0)
-    # Rank among the positive values: 2^i - 1 of them live in lower decades.
-    rank = (width - 1.0 + index).astype(jnp.int32)
-    best = jnp.where(a - below < value - a, rank - 1, rank)
-    best_value = jnp.where(best < rank, below, value)
-    best = jnp.where(above - a < jnp.abs(a - best_value), rank + 1, best)
+        inverse_power = jnp.where(
+            above, jnp.float32(10.0 ** (decades - 1 - k)), inverse_power
+        )
+    # Position in the decade, in cells: the value of cell j sits at j + 1/2.
+    cells = (a * inverse_power - 0.1) * (width * (1 / 0.9))
+    rank = width - 1.0 + jnp.clip(jnp.floor(cells), 0.0, width - 1.0)
+    # The value below the decade's first (0.1 - 0.09 / w of the decade's top;
+    # zero below the lowest decade) is nearer under this many cells.
+    edge = jnp.where(width == 1.0, jnp.float32(0.175 / 0.9), jnp.float32(0.2))
+    rank = jnp.where(cells < edge, rank - 1.0, rank)
+    top = jnp.float32(1.0 - 0.225 / 2 ** (decades - 1))
+    rank = jnp.where(a > top, jnp.float32(2**decades - 1), rank)
     # rank -1 is zero; ranks 0..2^E-1 are positive (the last is 1, which has
     # no negative: -1 goes to the largest negative value, as in bitsandbytes).
-    best = jnp.where(y < 0, jnp.minimum(best, 2**decades - 2), best)
-    code = jnp.where(y < 0, zero - 1 - best, zero + 1 + best)
-    code = jnp.where(best < 0, zero, code)
-    return code.astype(jnp.uint8)
+    code = jnp.where(y < 0, -1.0 - jnp.minimum(rank, 2**decades - 2), 1.0 + rank)
+    return (code + (2**decades - 1)).astype(jnp.uint8)
 
 
 @no_type_check
@@ -226,23 +226,19 @@ def _decode_dynamic(codes, bits):
     """The dynamic map's value of each code, computed arithmetically (a table
     lookup is a gather, which XLA on CPU runs as a pass of its own)."""
     decades = bits - 1
-    signed = codes.astype(jnp.int32) - (2**decades - 1)
+    signed = codes.astype(jnp.float32) - (2**decades - 1)
     # One more than the rank among positive values: 2^i + j in decade i.
     position = jnp.abs(signed)
-    position_float = position.astype(jnp.float32)
-    # floor(log2(position)) from the float's exponent bits: exact for integers.
-    decade = (
-        jnp.right_shift(jax.lax.bitcast_convert_type(position_float, jnp.int32), 23)
-        - 127
-    )
-    width = jax.lax.bitcast_convert_type(
-        jnp.left_shift(jnp.maximum(decade, 0) + 127, 23), jnp.float32
-    )
-    power = jnp.full(codes.shape, 10.0 ** (1 - decades), jnp.float32)
+    # 2^i and 2^-i from the float's exponent bits (exact for integers).
+    exponent = jax.lax.bitcast_convert_type(position, jnp.int32) & 0x7F800000
+    width = jax.lax.bitcast_convert_type(exponent, jnp.float32)
+    inverse_width = jax.lax.bitcast_convert_type(0x7F000000 - exponent, jnp.float32)
+    power = jnp.full_like(position, 10.0 ** (1 - decades))
     for k in range(1, decades):
-        power = jnp.where(decade >= k, jnp.float32(10.0 ** (k - decades + 1)), power)
-    index = position_float - width
-    value = power * (0.1 + 0.9 * (index + 0.5) / width)
+        power = jnp.where(
+            position >= 2.0**k, jnp.float32(10.0 ** (k - decades + 1)), power
+        )
+    value = power * (0.1 + 0.9 * (position - width + 0.5) * inverse_width)
     value = jnp.where(position >= 2**decades, 1.0, value)
     value = jnp.where(position == 0, 0.0, value)
     return jnp.where(signed < 0, -value, value)
@@ -357,17 +353,27 @@ class QuantizedArray(eqx.Module):
     ) -> "QuantizedArray":
         """Quantises `x` block by block (`kind` as for the field)."""
         dtype = jnp.result_type(x) if dtype is None else dtype
-        # Blocks are flat: an array sharded over an explicit axis is gathered first.
-        x, _ = gathered(jnp.asarray(x, jnp.float32))
-        shape, size = tuple(x.shape), x.size
-        blocks = -(-size // block_size)
-        flat = x.reshape(-1)
-        if blocks * block_size != size:
-            flat = jnp.pad(flat, (0, blocks * block_size - size))
-        rows = flat.reshape(blocks, block_size)
+        rows = _rows(x, kind, block_size)
+        (maxima,) = _block_maxima([rows])
+        return cls._from_rows(rows, maxima, tuple(x.shape), bits, kind, dtype)
+
+    @classmethod
+    def _from_rows(
+        cls,
+        rows: Array,
+        maxima: Array,
+        shape: tuple[int, ...],
+        bits: int,
+        kind: str,
+        dtype: Any,
+    ) -> "QuantizedArray":
+        # A second moment stores sqrt(v): its scale is the root of the block's
+        # maximum, and the root of each element is taken only here, by the
+        # encoder (taken before the maximum, it made XLA keep sqrt(v) as a
+        # float32 temporary shared by the reduction and the encoder).
+        scales = maxima
         if kind == "sqrt":
-            rows = jnp.sqrt(jnp.maximum(rows, 0.0))
-        scales = jnp.max(jnp.abs(rows), axis=1)
+            scales, rows = jnp.sqrt(maxima), jnp.sqrt(rows)
         inverse = jnp.where(scales > 0, 1.0 / jnp.where(scales > 0, scales, 1.0), 0.0)
         codes = _encode(rows * inverse[:, None], kind, bits)
         if bits == 4:
@@ -408,10 +414,72 @@ class QuantizedArray(eqx.Module):
             kind=kind,
         )
 
+    @property
+    def block_size(self) -> int:
+        """Elements per scale."""
+        return self.codes.shape[1] * (1 if self.bits == 8 else 2)
+
     def requantize(self, x: Array) -> "QuantizedArray":
         """`x` (shaped like this array) quantised in this array's format."""
-        block_size = self.codes.shape[1] * (1 if self.bits == 8 else 2)
-        return QuantizedArray.quantize(x, self.bits, self.kind, block_size, self.dtype)
+        (new,) = requantize_all([self], [x])
+        return new
+
+
+@no_type_check
+def _rows(x, kind, block_size):
+    """`x` flattened into rows of `block_size` (zero-padded; negative values of a
+    second moment clipped to zero)."""
+    # Blocks are flat: an array sharded over an explicit axis is gathered first.
+    x, _ = gathered(jnp.asarray(x, jnp.float32))
+    size = x.size
+    blocks = -(-size // block_size)
+    flat = x.reshape(-1)
+    if blocks * block_size != size:
+        flat = jnp.pad(flat, (0, blocks * block_size - size))
+    rows = flat.reshape(blocks, block_size)
+    if kind == "sqrt":
+        rows = jnp.maximum(rows, 0.0)
+    return rows
+
+
+@no_type_check
+def _block_maxima(rows):
+    """Each block's absolute maximum, for several arrays of rows at once.
+
+    One variadic reduction: it fuses with the arithmetic that makes the rows
+    (the moment update), reads the gradient once for all moments, and is not
+    handed to XLA CPU's library reduction (a plain `jnp.max` was, which made
+    the rows a float32 temporary written and read again).
+    """
+    shapes = {r.shape for r in rows}
+    if len(shapes) > 1:
+        return [m for r in rows for m in _block_maxima([r])]
+    # Two operands at least: a single-operand max goes to the library reduction.
+    operands = [jnp.abs(r) for r in rows] + (
+        [jnp.abs(rows[0])] if len(rows) == 1 else []
+    )
+    maxima = jax.lax.reduce(
+        tuple(operands),
+        tuple(jnp.float32(0) for _ in operands),
+        lambda a, b: tuple(jnp.maximum(x, y) for x, y in zip(a, b, strict=True)),
+        (1,),
+    )
+    return list(maxima[: len(rows)])
+
+
+@no_type_check
+def requantize_all(olds, news):
+    """Each of `news` quantised in the format of the matching `olds`, with the block
+    maxima of all of them taken in one pass."""
+    rows = [
+        _rows(new, old.kind, old.block_size)
+        for old, new in zip(olds, news, strict=True)
+    ]
+    scales = _block_maxima(rows)
+    return [
+        QuantizedArray._from_rows(r, s, old.shape, old.bits, old.kind, old.dtype)
+        for r, s, old in zip(rows, scales, olds, strict=True)
+    ]
 
 
 # ---------------------------------------------------------------------------
@@ -499,13 +567,18 @@ def call_dequantized(fn: Any, u: Any, rest: Any) -> Any:
     out = fn(u, *(dequantize_all(x, u) for x in rest))
     if not isinstance(out, tuple):
         return out
-    return (
-        out[0],
-        *(
-            old.requantize(new) if is_quantized(old) else new
-            for new, old in zip(out[1:], rest, strict=False)
-        ),
+    pairs = [
+        (k, old, new)
+        for k, (new, old) in enumerate(zip(out[1:], rest, strict=False))
+        if is_quantized(old)
+    ]
+    requantized = requantize_all(
+        [old for _, old, _ in pairs], [new for _, _, new in pairs]
     )
+    outputs = list(out[1:])
+    for (k, _, _), new in zip(pairs, requantized, strict=True):
+        outputs[k] = new
+    return (out[0], *outputs)
 
 
 def any_quantized(*dtypes: Any) -> bool:

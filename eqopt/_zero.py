@@ -13,7 +13,9 @@ of its parameter), and add the data axis to its first dimension that divides
 evenly by the axis size and is not already sharded. Leaves that cannot be
 split keep their layout: scalars (counts, hyperparameters), leaves smaller than
 `min_size`, and leaves with no such dimension. A leaf already sharded over the
-axis (the moment of a fully sharded parameter) is left as it is.
+axis (the moment of a fully sharded parameter) is left as it is. A quantised
+moment ([`eqopt.QuantizedArray`][]) is split over its blocks, codes and
+scales together, where the number of blocks divides.
 
 `zero_plan` applies the rule to the params too and reads the state's layout
 from `init` on explicitly sharded stand-ins (`_abstract_state`), so that a
@@ -31,6 +33,7 @@ import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ._fused._bucketed import Bucketed
+from ._quantize import is_quantized
 
 #: Leaves with fewer elements than this keep their layout by default: splitting
 #: them saves little memory and adds a collective per leaf to every step.
@@ -104,6 +107,8 @@ def _plan(tree: Any, mesh: Any, axis: str | Sequence[str], min_size: int):
     size = _axis_size(mesh, axes)
 
     def leaf_plan(x):
+        if is_quantized(x):
+            return quantized_plan(x)
         if not _is_array_like(x):
             return None
         sharding = getattr(x, "sharding", None)
@@ -111,7 +116,26 @@ def _plan(tree: Any, mesh: Any, axis: str | Sequence[str], min_size: int):
         split, reason = _split_leaf(tuple(x.shape), entries, axes, size, min_size)
         return NamedSharding(mesh, PartitionSpec(*split)), reason
 
-    return jax.tree.map(leaf_plan, tree, is_leaf=lambda x: x is None)
+    def quantized_plan(x):
+        # Codes and scales are split together over their blocks (rows), never
+        # across a block: a block's scale then sits with its codes, and the
+        # codes read back flat (a split width made `dequantize` a reshape
+        # that explicit axes refuse). `min_size` counts the moment's elements.
+        entries = _entries(getattr(x.codes, "sharding", None), mesh, 2)
+        blocks = x.codes.shape[0]
+        split, reason = _split_leaf((blocks,), entries[:1], axes, size, 0)
+        if reason is not None:
+            reason = f"{blocks} blocks of codes, not divisible by {size}"
+        if x.size < min_size:
+            split = entries[:1]
+            reason = f"{x.size} elements, fewer than min_size={min_size}"
+        codes = NamedSharding(mesh, PartitionSpec(*split, *entries[1:]))
+        scales = NamedSharding(mesh, PartitionSpec(*split))
+        return eqx.tree_at(
+            lambda q: (q.codes, q.scales), x, ((codes, reason), (scales, reason))
+        )
+
+    return jax.tree.map(leaf_plan, tree, is_leaf=lambda x: x is None or is_quantized(x))
 
 
 def _is_plan(x: Any) -> bool:

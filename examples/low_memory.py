@@ -16,6 +16,7 @@ an MLP on scikit-learn's digits (`examples/train_digits.py`'s model and data).
 
     python examples/low_memory.py                 # 600 + 400 steps, a few minutes on 2 CPU cores
     python examples/low_memory.py --short --out /tmp/low_memory.png
+    python examples/low_memory.py --seeds 8       # digits only, the spread over seeds
 
 Prints the memory table and the final losses, and saves the loss curves.
 """
@@ -84,14 +85,14 @@ def digits_step(opt, model, state, x, y):
     return eqopt.apply_updates(model, updates), state, loss
 
 
-def train_digits_variant(opt, dtype, steps, data):
+def train_digits_variant(opt, dtype, steps, data, seed=0):
     x_train, y_train, x_test, y_test = data
-    model = train_digits.Classifier(64, 10, key=jax.random.key(0))
+    model = train_digits.Classifier(64, 10, key=jax.random.key(seed))
     model = jax.tree.map(
         lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x, model
     )
     state = opt.init(model)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     losses = []
     for _ in range(steps):
         index = rng.integers(0, len(x_train), 64)
@@ -116,13 +117,51 @@ def smooth(losses, width):
     return np.convolve(losses, np.ones(width) / width, mode="valid")
 
 
+def seed_study(seeds, steps):
+    """The digits task with `seeds` initialisations and batch orders per variant:
+    how far each variant's final loss is from float32's on the same seed."""
+    data = train_digits.load_data(0)
+    finals, tests = {}, {}
+    for name, opt, dtype in variants(3e-3, 1e-2):
+        runs = [
+            train_digits_variant(opt, dtype, steps, data, seed) for seed in range(seeds)
+        ]
+        finals[name] = np.asarray([final(losses) for losses, _, _ in runs])
+        tests[name] = np.asarray([test for _, test, _ in runs])
+    print(
+        f"Digits MLP, {steps} steps, seeds 0-{seeds - 1} (initialisation and batches). "
+        "Gap = final loss / float32's on the same seed - 1."
+    )
+    print(
+        "| variant | final loss, mean ± sd | gap vs float32, mean ± sd | gap, min .. max "
+        "| test loss, mean |"
+    )
+    print("|---|---|---|---|---|")
+    for name, values in finals.items():
+        gap = 100 * (values / finals["float32"] - 1)
+        print(
+            f"| {name} | {values.mean():.5f} ± {values.std(ddof=1):.5f} "
+            f"| {gap.mean():+.1f}% ± {gap.std(ddof=1):.1f}% "
+            f"| {gap.min():+.1f}% .. {gap.max():+.1f}% | {tests[name].mean():.4f} |"
+        )
+
+
 def main():
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--steps", type=int, default=600, help="language-model steps")
     parser.add_argument("--digits-steps", type=int, default=400)
     parser.add_argument("--short", action="store_true", help="30 + 60 steps (CI)")
     parser.add_argument("--out", default="low_memory.png")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=0,
+        help="only the digits task, over this many seeds (the spread of the gaps)",
+    )
     args = parser.parse_args()
+    if args.seeds:
+        seed_study(args.seeds, args.digits_steps)
+        return
     if args.short:
         args.steps, args.digits_steps = 30, 60
     task = char_lm.make_task()

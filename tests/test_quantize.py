@@ -158,6 +158,21 @@ def test_code_lookup_is_arithmetic():
             assert primitive not in jaxpr, (kind, primitive)
 
 
+def test_block_maxima_are_one_pass_over_all_moments():
+    """Adam's two quantised moments of a leaf take their block maxima in one
+    variadic reduction (it fuses with the moment update and reads the gradient
+    once); a `reduce_max` per moment was handed to XLA CPU's library reduction
+    over a float32 temporary of the moment (benchmarks/lowbit_bench.py)."""
+    fmt = eqopt.Quantized(8, block_size=64, min_size=0)
+    opt = eqopt.adam(1e-3, mu_dtype=fmt, nu_dtype=fmt)
+    params = {"w": jnp.ones((64, 64)), "v": jnp.ones((32, 64))}
+    state = opt.init(params)
+    jaxpr = jax.make_jaxpr(lambda g, s: opt.update(g, s, params))(params, state)
+    reductions = [e for e in jaxpr.eqns if e.primitive.name.startswith("reduce")]
+    assert [e.primitive.name for e in reductions] == ["reduce"] * 2
+    assert all(len(e.invars) == 4 for e in reductions)  # 2 moments + 2 inits
+
+
 # ---------------------------------------------------------------------------
 # Error bounds
 # ---------------------------------------------------------------------------

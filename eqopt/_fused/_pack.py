@@ -171,6 +171,40 @@ def _concatenate(leaves: list, layout: _Layout) -> tuple:
 
 
 @no_type_check
+def _assemble(leaves: list, layout: _Layout, bases: tuple | None = None) -> tuple:
+    """The buffers of `leaves` as `_concatenate` makes them, written piece by piece.
+
+    For leaves that are computed in the step (a transform's updates): each is
+    written into its buffer by its own kernel (`dynamic_update_slice` in
+    place). A concatenation was fused with the arithmetic of every piece and
+    with its consumers (`apply_updates`), so each element went through a
+    branch on its leaf and the arithmetic ran unvectorised: 8-bit Adam's
+    packed step took 1.5-2 times as long (benchmarks/lowbit_bench.py). The
+    pieces are written over a copy of `bases` (the buffers of the packed
+    gradient: every element is overwritten), where zeros made XLA fuse the
+    first piece into a pass over the whole buffer. A sharded buffer is
+    concatenated (an update at an offset could gather it).
+    """
+    parts: list[list] = [[] for _ in layout.buffers]
+    for slot in layout.slots:
+        parts[slot.buffer].append(jnp.ravel(leaves[slot.leaf_index]))
+    buffers = []
+    for chunks, (dtype, size, sharding) in zip(parts, layout.buffers, strict=True):
+        if len(chunks) == 1 or sharding is not None:
+            buffers.append(jnp.concatenate(chunks) if len(chunks) > 1 else chunks[0])
+            continue
+        base = None if bases is None else bases[len(buffers)]
+        if base is None or base.dtype != dtype:
+            base = jnp.zeros((size,), dtype)
+        buffer, offset = base, 0
+        for chunk in chunks:
+            buffer = jax.lax.dynamic_update_slice_in_dim(buffer, chunk, offset, 0)
+            offset += chunk.shape[0]
+        buffers.append(buffer)
+    return tuple(buffers)
+
+
+@no_type_check
 def _split(buffers: tuple, layout: _Layout) -> dict[int, Array]:
     # One split per buffer, not one slice per leaf: see `_split.py` for why
     # (the gradient is one concatenation, each shape one kernel).
@@ -361,11 +395,13 @@ def pack(model: PyTree[Any]) -> Packed:
     return Packed(buffers=buffers, rest=rest, layout=layout)
 
 
-def packed_like(packed: Packed, tree: PyTree[Any]) -> Packed:
+def packed_like(packed: Packed, tree: PyTree[Any], computed: bool = False) -> Packed:
     """Packs a model-shaped tree of updates with `packed`'s layout.
 
     `None` at a trainable leaf becomes zeros; the `rest` of the result holds
-    `None` everywhere, as for a gradient.
+    `None` everywhere, as for a gradient. `computed=True` writes each leaf into
+    its buffer by a kernel of its own (see `_assemble`), for leaves that are
+    costly expressions of the step rather than arrays already in memory.
     """
     leaves, treedef = jax.tree.flatten(tree, is_leaf=is_none)
     reference_leaves, reference_treedef = jax.tree.flatten(packed.rest, is_leaf=is_none)
@@ -379,7 +415,10 @@ def packed_like(packed: Packed, tree: PyTree[Any]) -> Packed:
         if filled[slot.leaf_index] is None:
             dtype = packed.layout.buffers[slot.buffer][0]
             filled[slot.leaf_index] = jnp.zeros(slot.shape, dtype)
-    buffers = _concatenate(filled, packed.layout)
+    if computed:
+        buffers = _assemble(filled, packed.layout, packed.buffers)
+    else:
+        buffers = _concatenate(filled, packed.layout)
     rest = jax.tree.unflatten(treedef, [None] * len(reference_leaves))
     return Packed(buffers=buffers, rest=rest, layout=packed.layout)
 
@@ -411,17 +450,18 @@ def unpack_all(tree: Any) -> Any:
 
 
 @no_type_check
-def repack_like(reference: Any, tree: Any) -> Any:
-    """Packs each subtree of `tree` that sits where `reference` has a `Packed` node."""
+def repack_like(reference: Any, tree: Any, computed: bool = False) -> Any:
+    """Packs each subtree of `tree` that sits where `reference` has a `Packed` node
+    (`computed` as for `packed_like`)."""
     if isinstance(reference, Packed):
-        return packed_like(reference, tree)
+        return packed_like(reference, tree, computed)
     is_packed = lambda x: isinstance(x, Packed)  # noqa: E731
     reference_nodes, reference_def = jax.tree.flatten(reference, is_leaf=is_packed)
     nodes = reference_def.flatten_up_to(tree)
     return jax.tree.unflatten(
         reference_def,
         [
-            packed_like(ref, node) if isinstance(ref, Packed) else node
+            packed_like(ref, node, computed) if isinstance(ref, Packed) else node
             for ref, node in zip(reference_nodes, nodes, strict=True)
         ],
     )
