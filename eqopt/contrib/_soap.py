@@ -192,6 +192,12 @@ class ScaleBySoap(AbstractGradientTransformation):
         def step(g, mu, nu, statistics, bases):
             g, shard_like_g = gathered(g)
             mu, nu = gathered(mu)[0], gathered(nu)[0]
+            # Whole factors too: under ZeRO-1 they are split over the data axis
+            # (and the state's layout is restored by the plan's constraints).
+            statistics = tuple(
+                None if s is None else gathered(s)[0] for s in statistics
+            )
+            bases = tuple(None if q is None else gathered(q)[0] for q in bases)
             shape, _ = self._layout(g.shape)
             wide = jnp.promote_types(g.dtype, jnp.float32)
             merged = g.reshape(shape).astype(wide)
