@@ -205,6 +205,11 @@ def _hint_bucketing(transform: Any, params: Any) -> None:
     """
     if _INIT.hinted or not getattr(transform, "advises_bucketing", True):
         return
+    # Only an elementwise optimiser runs on the buffers throughout; one with a
+    # per-leaf part (a weight-decay mask, per-leaf norms) unpacks for it, which
+    # made bucketed clipped AdamW 1.4 times slower than Optax on 200 layers.
+    if not getattr(transform, "elementwise", False):
+        return
     if contains_packed(params):
         return
     layout = _layout_of(jax.tree.leaves(params))

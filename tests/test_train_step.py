@@ -182,6 +182,11 @@ def test_automatic_choice_on_a_residual_stack():
     assert not opt.init(big).is_bucketed
     many_large = {f"w{i}": jnp.ones((200, 100)) for i in range(10)}
     assert not opt.init(many_large).is_bucketed
+    # A per-leaf part (the decay mask) would unpack the buffers every step.
+    masked = eqopt.adamw(1e-2, mask=lambda x: x.ndim > 1)
+    assert not masked.elementwise
+    assert not eqopt.bucketed(masked).init(model).is_bucketed
+    assert eqopt.bucketed(masked, always=True).init(model).is_bucketed
 
 
 def test_default_path_hints_bucketing_once(monkeypatch):
@@ -200,6 +205,7 @@ def test_default_path_hints_bucketing_once(monkeypatch):
         eqopt.adam(1e-2).init(_model(40))  # 80 leaves: bucketed, but no hint
         eqopt.bucketed(eqopt.adam(1e-2)).init(stack)
         eqopt.adam(1e-2).init(eqopt.pack(stack))
+        eqopt.adamw(1e-2, mask=lambda x: x.ndim > 1).init(stack)  # per-leaf part
         assert not [w for w in caught if w.category is eqopt.PerformanceHint]
         state = eqopt.chain(eqopt.clip_by_global_norm(1.0), eqopt.adam(1e-2)).init(
             stack

@@ -72,10 +72,12 @@ class Bucketed(AbstractGradientTransformation):
 
     - `inner`: the transform (an eqopt transform or an Optax-style pair).
     - `always`: bucket whatever the params. By default (`False`) `init` chooses:
-      it buckets when there are at least `MIN_LEAVES_PER_BUFFER` (32) trainable
-      leaves per buffer and they average at most `MAX_MEAN_LEAF_SIZE` (1024)
-      elements, and otherwise keeps the per-leaf plan, where bucketing would
-      only add a gather and a scatter per step. The choice is made once, at
+      it buckets when `inner` is elementwise throughout (`inner.elementwise`),
+      there are at least `MIN_LEAVES_PER_BUFFER` (32) trainable leaves per
+      buffer and they average at most `MAX_MEAN_LEAF_SIZE` (1024) elements, and
+      otherwise keeps the per-leaf plan, where bucketing would only add a
+      gather and a scatter per step (and, for a per-leaf part such as a
+      weight-decay mask, an unpacking and repacking). The choice is made once, at
       `init`, from the shapes, and read back with `state.is_bucketed`.
 
     !!! example
@@ -110,7 +112,7 @@ class Bucketed(AbstractGradientTransformation):
                 "`bucketed` found no trainable array in the params (no floating or complex "
                 "JAX array leaf): there is no state to bucket."
             )
-        if not (self.always or worth_bucketing(layout)):
+        if not (self.always or (self.inner.elementwise and worth_bucketing(layout))):
             return BucketedState(
                 inner=self.inner.init(params), layout=None, treedef=treedef
             )
