@@ -21,11 +21,11 @@ from .._hyper import (
     check_hyperparameter,
 )
 from .._numerics import safe_int32_increment
-from .._sharding import gathered
+from .._sharding import gathered, like
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
 from ..schedules._base import AbstractSchedule
-from ._kronecker import map_leaves, map_params
+from ._kronecker import map_params, map_stacked
 
 MemorySaveMode = Literal["one_diag", "all_diag"] | None
 _MODES = (None, "one_diag", "all_diag")
@@ -198,12 +198,22 @@ def kron_probes(
     key, probe_key, balance_key = jax.random.split(jax.random.wrap_key_data(key), 3)
     leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
     keys = jax.random.split(probe_key, max(len(leaves), 1))
-    probes = [
-        None if u is None else jax.random.normal(k, u.shape, u.dtype)
-        for k, u in zip(keys, leaves, strict=False)
-    ]
-    probes = jax.tree.unflatten(treedef, probes)
-    return jax.random.key_data(key), probes, jax.random.uniform(balance_key)
+    active = [i for i, u in enumerate(leaves) if u is not None]
+    # One vmapped draw per shape: the same numbers as a draw per key, one
+    # threefry loop in the program instead of one per leaf (the stacked
+    # updates are only read for their shape, so they compile away).
+    drawn = map_stacked(
+        lambda k, u: jax.random.normal(k, u.shape, u.dtype),
+        [(keys[i], leaves[i]) for i in active],
+    )
+    probes: list[Any] = [None] * len(leaves)
+    for i, probe in zip(active, drawn, strict=True):
+        probes[i] = probe
+    return (
+        jax.random.key_data(key),
+        jax.tree.unflatten(treedef, probes),
+        jax.random.uniform(balance_key),
+    )
 
 
 class ScaleByKron(AbstractGradientTransformation):
@@ -346,45 +356,80 @@ class ScaleByKron(AbstractGradientTransformation):
         balance = balance_draw < 0.01
         b1 = self.b1
         correction = 1 - b1**count
+        leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
+        mus = treedef.flatten_up_to(state.mu)
+        all_factors = treedef.flatten_up_to(state.preconditioner)
+        active = [i for i, u in enumerate(leaves) if u is not None]
 
         @no_type_check
-        def step(g, mu, factors, probe):
+        def momentum_step(g, mu, factors):
             g, shard_like_g = gathered(g)
             wide = factors[0].dtype
-            gw = g.astype(wide)
             # With b1 = 0 this is g itself (the correction is 1).
             mu = b1 * gathered(mu)[0] + (1 - b1) * g
             momentum = mu.astype(wide) / correction
-            mu = shard_like_g(mu.astype(g.dtype))
-            fit_on = momentum if self.momentum_into_precond_update else gw
+            fit_on = momentum if self.momentum_into_precond_update else g.astype(wide)
+            return shard_like_g(mu.astype(g.dtype)), momentum, fit_on
 
-            def refitted(factors):
-                factors = jax.lax.cond(balance, _balance, lambda f: f, factors)
-                new = _refit(
-                    factors,
-                    fit_on,
-                    gathered(probe)[0].astype(wide),
-                    self.preconditioner_lr,
-                )
-                return tuple(
-                    q.astype(old.dtype) for q, old in zip(new, factors, strict=True)
-                )
+        moments = [momentum_step(leaves[i], mus[i], all_factors[i]) for i in active]
 
-            factors = jax.lax.cond(refit, refitted, lambda f: f, factors)
+        @no_type_check
+        def refit_one(factors, fit_on, probe):
+            new = _refit(
+                factors,
+                fit_on,
+                gathered(probe)[0].astype(fit_on.dtype),
+                self.preconditioner_lr,
+            )
+            return tuple(
+                q.astype(old.dtype) for q, old in zip(new, factors, strict=True)
+            )
+
+        @no_type_check
+        def refit_all(factors):
+            # One `cond` for the whole tree, each group of same-shaped leaves
+            # refitted by one vmapped program.
+            factors = jax.lax.cond(
+                balance,
+                lambda fs: map_stacked(_balance, [(f,) for f in fs]),
+                lambda fs: fs,
+                factors,
+            )
+            rows = [
+                (f, moment[2], probes_list[i])
+                for f, moment, i in zip(factors, moments, active, strict=True)
+            ]
+            return map_stacked(refit_one, rows)
+
+        probes_list = treedef.flatten_up_to(probes)
+        factors = [all_factors[i] for i in active]
+        factors = jax.lax.cond(refit, refit_all, lambda fs: fs, factors)
+
+        @no_type_check
+        def direction_step(g, factors, momentum):
             direction = _precondition(factors, momentum)
             rms = jnp.sqrt(jnp.mean(jnp.square(direction)))
             direction = direction / jnp.maximum(1.0, rms / 1.1)
-            return shard_like_g(direction.astype(g.dtype)), mu, factors
+            return like(direction.astype(g.dtype), g)
 
-        updates, mu, factors = map_leaves(
-            step, updates, state.mu, state.preconditioner, probes, n_out=3
+        directions = map_stacked(
+            direction_step,
+            [
+                (leaves[i], f, moment[1])
+                for i, f, moment in zip(active, factors, moments, strict=True)
+            ],
         )
-        return updates, ScaleByKronState(
+        new_updates, new_mu, new_factors = list(leaves), list(mus), list(all_factors)
+        for position, i in enumerate(active):
+            new_updates[i] = directions[position]
+            new_mu[i] = moments[position][0]
+            new_factors[i] = factors[position]
+        return jax.tree.unflatten(treedef, new_updates), ScaleByKronState(
             count=count,
             key=key,
             update_counter=counter,
-            mu=mu,
-            preconditioner=factors,
+            mu=jax.tree.unflatten(treedef, new_mu),
+            preconditioner=jax.tree.unflatten(treedef, new_factors),
         )
 
 

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from .._base import is_none, is_trainable
+from .._sharding import is_explicitly_sharded
 
 
 def merge_small_dims(shape: Sequence[int], max_dim: int) -> tuple[int, ...]:
@@ -58,18 +59,51 @@ def apply_per_axis(x, matrices, transpose=False):
     return x
 
 
+def map_stacked(fn: Callable, rows: Sequence[tuple]) -> list:
+    """`fn(*row)` for each row, vmapped once over every group of same-shaped rows.
+
+    Rows whose arrays have the same structure, shapes and dtypes are stacked
+    along a new leading axis and go through one `jax.vmap(fn)`, so a model with
+    many equal layers compiles one copy of the per-leaf work instead of one per
+    leaf. A row with an explicitly sharded array stays on its own (stacking
+    would mix shardings). The results are in the order of `rows`.
+    """
+    groups: dict[Any, list[int]] = {}
+    for index, row in enumerate(rows):
+        arrays, structure = jax.tree.flatten(row)
+        if any(is_explicitly_sharded(x) for x in arrays):
+            key = ("alone", index)
+        else:
+            key = (structure, tuple((x.shape, x.dtype) for x in arrays))
+        groups.setdefault(key, []).append(index)
+    results: list = [None] * len(rows)
+    for members in groups.values():
+        if len(members) == 1:
+            results[members[0]] = fn(*rows[members[0]])
+            continue
+        stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[rows[i] for i in members])
+        out = jax.vmap(fn)(*stacked)
+        for position, index in enumerate(members):
+            results[index] = jax.tree.map(lambda x, j=position: x[j], out)
+    return results
+
+
 def map_leaves(fn: Callable, updates: Any, *trees: Any, n_out: int) -> tuple:
-    """`fn(update, *parts)` per trainable leaf of `updates`.
+    """`fn(update, *parts)` per trainable leaf of `updates`, same-shaped leaves
+    vmapped together by `map_stacked`.
 
     `trees` are shaped like `updates` up to its leaves and may hold a subtree
     (a tuple of factors) at each; where an update is `None` the outputs are
-    `None` followed by the corresponding parts of `trees` unchanged.
+    `None` followed by the corresponding parts of `trees` unchanged. `fn` must
+    not depend on which leaf it sees beyond its arguments' shapes.
     """
     leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
     parts = [treedef.flatten_up_to(tree) for tree in trees]
-    outs = []
-    for u, *rest in zip(leaves, *parts, strict=True):
-        outs.append((None, *rest[: n_out - 1]) if u is None else fn(u, *rest))
+    rows = list(zip(leaves, *parts, strict=True))
+    active = [i for i, row in enumerate(rows) if row[0] is not None]
+    outs = [(None, *row[1:n_out]) for row in rows]
+    for i, out in zip(active, map_stacked(fn, [rows[i] for i in active]), strict=True):
+        outs[i] = out
     return tuple(
         jax.tree.unflatten(treedef, [out[i] for out in outs]) for i in range(n_out)
     )
