@@ -187,31 +187,41 @@ def _precondition(factors, g):
     return g
 
 
+def _draw_probes(probe_key: Any, leaves: Sequence[Any]) -> list[Any]:
+    """Gaussian probes for the leaves that are not `None`.
+
+    One flat draw per dtype, cut into the leaves' shapes: a single random-bits
+    loop in the compiled program, however many leaves the model has.
+    """
+    by_dtype: dict[Any, list[int]] = {}
+    for i, u in enumerate(leaves):
+        if u is not None:
+            by_dtype.setdefault(jnp.dtype(u.dtype), []).append(i)
+    probes: list[Any] = [None] * len(leaves)
+    for n, (dtype, members) in enumerate(by_dtype.items()):
+        key = probe_key if n == 0 else jax.random.fold_in(probe_key, n)
+        flat = jax.random.normal(key, (sum(leaves[i].size for i in members),), dtype)
+        offset = 0
+        for i in members:
+            size = leaves[i].size
+            probes[i] = flat[offset : offset + size].reshape(leaves[i].shape)
+            offset += size
+    return probes
+
+
 def kron_probes(
     key: UInt32[Array, " key_data"], updates: Updates
 ) -> tuple[Any, Any, Any]:
     """The next key data, the Gaussian probes (shaped like `updates`) and the balancing draw.
 
-    [`eqopt.contrib.ScaleByKron`][] draws its probes with this function, so a
-    test can give the same probes to another implementation.
+    [`eqopt.contrib.ScaleByKron`][] draws its probes as this function does, so
+    a test can give the same probes to another implementation.
     """
     key, probe_key, balance_key = jax.random.split(jax.random.wrap_key_data(key), 3)
     leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
-    keys = jax.random.split(probe_key, max(len(leaves), 1))
-    active = [i for i, u in enumerate(leaves) if u is not None]
-    # One vmapped draw per shape: the same numbers as a draw per key, one
-    # threefry loop in the program instead of one per leaf (the stacked
-    # updates are only read for their shape, so they compile away).
-    drawn = map_stacked(
-        lambda k, u: jax.random.normal(k, u.shape, u.dtype),
-        [(keys[i], leaves[i]) for i in active],
-    )
-    probes: list[Any] = [None] * len(leaves)
-    for i, probe in zip(active, drawn, strict=True):
-        probes[i] = probe
     return (
         jax.random.key_data(key),
-        jax.tree.unflatten(treedef, probes),
+        jax.tree.unflatten(treedef, _draw_probes(probe_key, leaves)),
         jax.random.uniform(balance_key),
     )
 
@@ -352,8 +362,9 @@ class ScaleByKron(AbstractGradientTransformation):
         counter = safe_int32_increment(state.update_counter)
         refit = counter >= 1 / probability
         counter = jnp.where(refit, 0, counter)
-        key, probes, balance_draw = kron_probes(state.key, updates)
-        balance = balance_draw < 0.01
+        key, probe_key, balance_key = jax.random.split(
+            jax.random.wrap_key_data(state.key), 3
+        )
         b1 = self.b1
         correction = 1 - b1**count
         leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
@@ -387,21 +398,22 @@ class ScaleByKron(AbstractGradientTransformation):
 
         @no_type_check
         def refit_all(factors):
-            # One `cond` for the whole tree, each group of same-shaped leaves
-            # refitted by one vmapped program.
+            # One `cond` for the whole tree (the probes are drawn only when it
+            # refits), each group of same-shaped leaves refitted by one
+            # vmapped program.
+            probes = _draw_probes(probe_key, [leaves[i] for i in active])
             factors = jax.lax.cond(
-                balance,
+                jax.random.uniform(balance_key) < 0.01,
                 lambda fs: map_stacked(_balance, [(f,) for f in fs]),
                 lambda fs: fs,
                 factors,
             )
             rows = [
-                (f, moment[2], probes_list[i])
-                for f, moment, i in zip(factors, moments, active, strict=True)
+                (f, moment[2], probe)
+                for f, moment, probe in zip(factors, moments, probes, strict=True)
             ]
             return map_stacked(refit_one, rows)
 
-        probes_list = treedef.flatten_up_to(probes)
         factors = [all_factors[i] for i in active]
         factors = jax.lax.cond(refit, refit_all, lambda fs: fs, factors)
 
@@ -426,7 +438,7 @@ class ScaleByKron(AbstractGradientTransformation):
             new_factors[i] = factors[position]
         return jax.tree.unflatten(treedef, new_updates), ScaleByKronState(
             count=count,
-            key=key,
+            key=jax.random.key_data(key),
             update_counter=counter,
             mu=jax.tree.unflatten(treedef, new_mu),
             preconditioner=jax.tree.unflatten(treedef, new_factors),
