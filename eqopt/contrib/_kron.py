@@ -25,7 +25,7 @@ from .._sharding import gathered, like
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
 from ..schedules._base import AbstractSchedule
-from ._kronecker import map_params, map_stacked
+from ._kronecker import group_leaves, map_params
 
 MemorySaveMode = Literal["one_diag", "all_diag"] | None
 _MODES = (None, "one_diag", "all_diag")
@@ -371,6 +371,12 @@ class ScaleByKron(AbstractGradientTransformation):
         mus = treedef.flatten_up_to(state.mu)
         all_factors = treedef.flatten_up_to(state.preconditioner)
         active = [i for i, u in enumerate(leaves) if u is not None]
+        rows = [(leaves[i], mus[i], all_factors[i]) for i in active]
+        # Same-shaped leaves are stacked once and every phase below runs once
+        # per group, vmapped: the compiled program grows with the number of
+        # distinct shapes, not of leaves.
+        groups = group_leaves(rows)
+        stacks = [group.stack(rows) for group in groups]
 
         @no_type_check
         def momentum_step(g, mu, factors):
@@ -382,7 +388,10 @@ class ScaleByKron(AbstractGradientTransformation):
             fit_on = momentum if self.momentum_into_precond_update else g.astype(wide)
             return shard_like_g(mu.astype(g.dtype)), momentum, fit_on
 
-        moments = [momentum_step(leaves[i], mus[i], all_factors[i]) for i in active]
+        moments = [
+            group.map(momentum_step, *stack)
+            for group, stack in zip(groups, stacks, strict=True)
+        ]
 
         @no_type_check
         def refit_one(factors, fit_on, probe):
@@ -398,23 +407,23 @@ class ScaleByKron(AbstractGradientTransformation):
 
         @no_type_check
         def refit_all(factors):
-            # One `cond` for the whole tree (the probes are drawn only when it
-            # refits), each group of same-shaped leaves refitted by one
-            # vmapped program.
-            probes = _draw_probes(probe_key, [leaves[i] for i in active])
+            # One `cond` for the whole tree; the probes are drawn only when it
+            # refits.
+            probes = [(p,) for p in _draw_probes(probe_key, [row[0] for row in rows])]
             factors = jax.lax.cond(
                 jax.random.uniform(balance_key) < 0.01,
-                lambda fs: map_stacked(_balance, [(f,) for f in fs]),
+                lambda fs: [
+                    group.map(_balance, f) for group, f in zip(groups, fs, strict=True)
+                ],
                 lambda fs: fs,
                 factors,
             )
-            rows = [
-                (f, moment[2], probe)
-                for f, moment, probe in zip(factors, moments, probes, strict=True)
+            return [
+                group.map(refit_one, f, moment[2], group.stack(probes)[0])
+                for group, f, moment in zip(groups, factors, moments, strict=True)
             ]
-            return map_stacked(refit_one, rows)
 
-        factors = [all_factors[i] for i in active]
+        factors = [stack[2] for stack in stacks]
         factors = jax.lax.cond(refit, refit_all, lambda fs: fs, factors)
 
         @no_type_check
@@ -424,18 +433,15 @@ class ScaleByKron(AbstractGradientTransformation):
             direction = direction / jnp.maximum(1.0, rms / 1.1)
             return like(direction.astype(g.dtype), g)
 
-        directions = map_stacked(
-            direction_step,
-            [
-                (leaves[i], f, moment[1])
-                for i, f, moment in zip(active, factors, moments, strict=True)
-            ],
-        )
+        outs: list[Any] = [None] * len(rows)
+        for group, stack, f, moment in zip(
+            groups, stacks, factors, moments, strict=True
+        ):
+            direction = group.map(direction_step, stack[0], f, moment[1])
+            group.unstack((direction, moment[0], f), outs)
         new_updates, new_mu, new_factors = list(leaves), list(mus), list(all_factors)
         for position, i in enumerate(active):
-            new_updates[i] = directions[position]
-            new_mu[i] = moments[position][0]
-            new_factors[i] = factors[position]
+            new_updates[i], new_mu[i], new_factors[i] = outs[position]
         return jax.tree.unflatten(treedef, new_updates), ScaleByKronState(
             count=count,
             key=jax.random.key_data(key),

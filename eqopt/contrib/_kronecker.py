@@ -7,6 +7,7 @@ function over a gradient tree and state trees whose leaves are tuples of
 factors.
 """
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, no_type_check
 
@@ -59,32 +60,63 @@ def apply_per_axis(x, matrices, transpose=False):
     return x
 
 
-def map_stacked(fn: Callable, rows: Sequence[tuple]) -> list:
-    """`fn(*row)` for each row, vmapped once over every group of same-shaped rows.
+@dataclasses.dataclass(frozen=True)
+class LeafGroup:
+    """Rows (per-leaf tuples of arrays) with the same structure, shapes and dtypes.
 
-    Rows whose arrays have the same structure, shapes and dtypes are stacked
-    along a new leading axis and go through one `jax.vmap(fn)`, so a model with
-    many equal layers compiles one copy of the per-leaf work instead of one per
-    leaf. A row with an explicitly sharded array stays on its own (stacking
-    would mix shardings). The results are in the order of `rows`.
+    Their arrays are stacked along a new leading axis and the per-leaf work runs
+    once, vmapped over it, so a model with many equal layers compiles one copy
+    of that work instead of one per leaf. A row holding an explicitly sharded
+    array is a group of its own and is not stacked (stacking would mix
+    shardings).
     """
+
+    members: tuple[int, ...]
+    batched: bool
+
+    def stack(self, rows: Sequence[Any]) -> Any:
+        """The members' rows, stacked (or the row itself, for a sharded one)."""
+        if not self.batched:
+            return rows[self.members[0]]
+        return jax.tree.map(lambda *xs: jnp.stack(xs), *[rows[i] for i in self.members])
+
+    def map(self, fn: Callable, *stacked: Any) -> Any:
+        """`fn` on each member's slice of `stacked`."""
+        return jax.vmap(fn)(*stacked) if self.batched else fn(*stacked)
+
+    def unstack(self, stacked: Any, results: list) -> None:
+        """Writes each member's slice of `stacked` into `results` at its index."""
+        if not self.batched:
+            results[self.members[0]] = stacked
+            return
+        for position, index in enumerate(self.members):
+            results[index] = jax.tree.map(lambda x, j=position: x[j], stacked)
+
+
+def group_leaves(rows: Sequence[Any]) -> list[LeafGroup]:
+    """The rows grouped by structure, shapes and dtypes (see `LeafGroup`)."""
     groups: dict[Any, list[int]] = {}
+    sharded = set()
     for index, row in enumerate(rows):
         arrays, structure = jax.tree.flatten(row)
         if any(is_explicitly_sharded(x) for x in arrays):
             key = ("alone", index)
+            sharded.add(index)
         else:
             key = (structure, tuple((x.shape, x.dtype) for x in arrays))
         groups.setdefault(key, []).append(index)
+    return [
+        LeafGroup(tuple(members), batched=members[0] not in sharded)
+        for members in groups.values()
+    ]
+
+
+def map_stacked(fn: Callable, rows: Sequence[tuple]) -> list:
+    """`fn(*row)` for each row, vmapped once over each group of same-shaped rows;
+    the results in the order of `rows`."""
     results: list = [None] * len(rows)
-    for members in groups.values():
-        if len(members) == 1:
-            results[members[0]] = fn(*rows[members[0]])
-            continue
-        stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[rows[i] for i in members])
-        out = jax.vmap(fn)(*stacked)
-        for position, index in enumerate(members):
-            results[index] = jax.tree.map(lambda x, j=position: x[j], out)
+    for group in group_leaves(rows):
+        group.unstack(group.map(fn, *group.stack(rows)), results)
     return results
 
 
