@@ -21,11 +21,11 @@ from .._hyper import (
     check_hyperparameter,
 )
 from .._numerics import safe_int32_increment
-from .._sharding import gathered, like
+from .._sharding import gathered
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
 from ..schedules._base import AbstractSchedule
-from ._kronecker import group_leaves, map_params
+from ._kronecker import map_leaves, map_params
 
 MemorySaveMode = Literal["one_diag", "all_diag"] | None
 _MODES = (None, "one_diag", "all_diag")
@@ -187,43 +187,23 @@ def _precondition(factors, g):
     return g
 
 
-def _draw_probes(probe_key: Any, leaves: Sequence[Any]) -> list[Any]:
-    """Gaussian probes for the leaves that are not `None`.
-
-    One flat draw per dtype, cut into the leaves' shapes: a single random-bits
-    loop in the compiled program, however many leaves the model has.
-    """
-    by_dtype: dict[Any, list[int]] = {}
-    for i, u in enumerate(leaves):
-        if u is not None:
-            by_dtype.setdefault(jnp.dtype(u.dtype), []).append(i)
-    probes: list[Any] = [None] * len(leaves)
-    for n, (dtype, members) in enumerate(by_dtype.items()):
-        key = probe_key if n == 0 else jax.random.fold_in(probe_key, n)
-        flat = jax.random.normal(key, (sum(leaves[i].size for i in members),), dtype)
-        offset = 0
-        for i in members:
-            size = leaves[i].size
-            probes[i] = flat[offset : offset + size].reshape(leaves[i].shape)
-            offset += size
-    return probes
-
-
 def kron_probes(
     key: UInt32[Array, " key_data"], updates: Updates
 ) -> tuple[Any, Any, Any]:
     """The next key data, the Gaussian probes (shaped like `updates`) and the balancing draw.
 
-    [`eqopt.contrib.ScaleByKron`][] draws its probes as this function does, so
-    a test can give the same probes to another implementation.
+    [`eqopt.contrib.ScaleByKron`][] draws its probes with this function, so a
+    test can give the same probes to another implementation.
     """
     key, probe_key, balance_key = jax.random.split(jax.random.wrap_key_data(key), 3)
     leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
-    return (
-        jax.random.key_data(key),
-        jax.tree.unflatten(treedef, _draw_probes(probe_key, leaves)),
-        jax.random.uniform(balance_key),
-    )
+    keys = jax.random.split(probe_key, max(len(leaves), 1))
+    probes = [
+        None if u is None else jax.random.normal(k, u.shape, u.dtype)
+        for k, u in zip(keys, leaves, strict=False)
+    ]
+    probes = jax.tree.unflatten(treedef, probes)
+    return jax.random.key_data(key), probes, jax.random.uniform(balance_key)
 
 
 class ScaleByKron(AbstractGradientTransformation):
@@ -362,92 +342,49 @@ class ScaleByKron(AbstractGradientTransformation):
         counter = safe_int32_increment(state.update_counter)
         refit = counter >= 1 / probability
         counter = jnp.where(refit, 0, counter)
-        key, probe_key, balance_key = jax.random.split(
-            jax.random.wrap_key_data(state.key), 3
-        )
+        key, probes, balance_draw = kron_probes(state.key, updates)
+        balance = balance_draw < 0.01
         b1 = self.b1
         correction = 1 - b1**count
-        leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
-        mus = treedef.flatten_up_to(state.mu)
-        all_factors = treedef.flatten_up_to(state.preconditioner)
-        active = [i for i, u in enumerate(leaves) if u is not None]
-        rows = [(leaves[i], mus[i], all_factors[i]) for i in active]
-        # Same-shaped leaves are stacked once and every phase below runs once
-        # per group, vmapped: the compiled program grows with the number of
-        # distinct shapes, not of leaves.
-        groups = group_leaves(rows)
-        stacks = [group.stack(rows) for group in groups]
 
         @no_type_check
-        def momentum_step(g, mu, factors):
+        def step(g, mu, factors, probe):
             g, shard_like_g = gathered(g)
             wide = factors[0].dtype
+            gw = g.astype(wide)
             # With b1 = 0 this is g itself (the correction is 1).
             mu = b1 * gathered(mu)[0] + (1 - b1) * g
             momentum = mu.astype(wide) / correction
-            fit_on = momentum if self.momentum_into_precond_update else g.astype(wide)
-            return shard_like_g(mu.astype(g.dtype)), momentum, fit_on
+            mu = shard_like_g(mu.astype(g.dtype))
+            fit_on = momentum if self.momentum_into_precond_update else gw
 
-        moments = [
-            group.map(momentum_step, *stack)
-            for group, stack in zip(groups, stacks, strict=True)
-        ]
+            def refitted(factors):
+                factors = jax.lax.cond(balance, _balance, lambda f: f, factors)
+                new = _refit(
+                    factors,
+                    fit_on,
+                    gathered(probe)[0].astype(wide),
+                    self.preconditioner_lr,
+                )
+                return tuple(
+                    q.astype(old.dtype) for q, old in zip(new, factors, strict=True)
+                )
 
-        @no_type_check
-        def refit_one(factors, fit_on, probe):
-            new = _refit(
-                factors,
-                fit_on,
-                gathered(probe)[0].astype(fit_on.dtype),
-                self.preconditioner_lr,
-            )
-            return tuple(
-                q.astype(old.dtype) for q, old in zip(new, factors, strict=True)
-            )
-
-        @no_type_check
-        def refit_all(factors):
-            # One `cond` for the whole tree; the probes are drawn only when it
-            # refits.
-            probes = [(p,) for p in _draw_probes(probe_key, [row[0] for row in rows])]
-            factors = jax.lax.cond(
-                jax.random.uniform(balance_key) < 0.01,
-                lambda fs: [
-                    group.map(_balance, f) for group, f in zip(groups, fs, strict=True)
-                ],
-                lambda fs: fs,
-                factors,
-            )
-            return [
-                group.map(refit_one, f, moment[2], group.stack(probes)[0])
-                for group, f, moment in zip(groups, factors, moments, strict=True)
-            ]
-
-        factors = [stack[2] for stack in stacks]
-        factors = jax.lax.cond(refit, refit_all, lambda fs: fs, factors)
-
-        @no_type_check
-        def direction_step(g, factors, momentum):
+            factors = jax.lax.cond(refit, refitted, lambda f: f, factors)
             direction = _precondition(factors, momentum)
             rms = jnp.sqrt(jnp.mean(jnp.square(direction)))
             direction = direction / jnp.maximum(1.0, rms / 1.1)
-            return like(direction.astype(g.dtype), g)
+            return shard_like_g(direction.astype(g.dtype)), mu, factors
 
-        outs: list[Any] = [None] * len(rows)
-        for group, stack, f, moment in zip(
-            groups, stacks, factors, moments, strict=True
-        ):
-            direction = group.map(direction_step, stack[0], f, moment[1])
-            group.unstack((direction, moment[0], f), outs)
-        new_updates, new_mu, new_factors = list(leaves), list(mus), list(all_factors)
-        for position, i in enumerate(active):
-            new_updates[i], new_mu[i], new_factors[i] = outs[position]
-        return jax.tree.unflatten(treedef, new_updates), ScaleByKronState(
+        updates, mu, factors = map_leaves(
+            step, updates, state.mu, state.preconditioner, probes, n_out=3
+        )
+        return updates, ScaleByKronState(
             count=count,
-            key=jax.random.key_data(key),
+            key=key,
             update_counter=counter,
-            mu=jax.tree.unflatten(treedef, new_mu),
-            preconditioner=jax.tree.unflatten(treedef, new_factors),
+            mu=mu,
+            preconditioner=factors,
         )
 
 

@@ -111,31 +111,18 @@ def group_leaves(rows: Sequence[Any]) -> list[LeafGroup]:
     ]
 
 
-def map_stacked(fn: Callable, rows: Sequence[tuple]) -> list:
-    """`fn(*row)` for each row, vmapped once over each group of same-shaped rows;
-    the results in the order of `rows`."""
-    results: list = [None] * len(rows)
-    for group in group_leaves(rows):
-        group.unstack(group.map(fn, *group.stack(rows)), results)
-    return results
-
-
 def map_leaves(fn: Callable, updates: Any, *trees: Any, n_out: int) -> tuple:
-    """`fn(update, *parts)` per trainable leaf of `updates`, same-shaped leaves
-    vmapped together by `map_stacked`.
+    """`fn(update, *parts)` per trainable leaf of `updates`.
 
     `trees` are shaped like `updates` up to its leaves and may hold a subtree
     (a tuple of factors) at each; where an update is `None` the outputs are
-    `None` followed by the corresponding parts of `trees` unchanged. `fn` must
-    not depend on which leaf it sees beyond its arguments' shapes.
+    `None` followed by the corresponding parts of `trees` unchanged.
     """
     leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
     parts = [treedef.flatten_up_to(tree) for tree in trees]
-    rows = list(zip(leaves, *parts, strict=True))
-    active = [i for i, row in enumerate(rows) if row[0] is not None]
-    outs = [(None, *row[1:n_out]) for row in rows]
-    for i, out in zip(active, map_stacked(fn, [rows[i] for i in active]), strict=True):
-        outs[i] = out
+    outs = []
+    for u, *rest in zip(leaves, *parts, strict=True):
+        outs.append((None, *rest[: n_out - 1]) if u is None else fn(u, *rest))
     return tuple(
         jax.tree.unflatten(treedef, [out[i] for out in outs]) for i in range(n_out)
     )
