@@ -7,6 +7,7 @@ function over a gradient tree and state trees whose leaves are tuples of
 factors.
 """
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, no_type_check
 
@@ -14,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from .._base import is_none, is_trainable
+from .._sharding import is_explicitly_sharded
 
 
 def merge_small_dims(shape: Sequence[int], max_dim: int) -> tuple[int, ...]:
@@ -56,6 +58,57 @@ def apply_per_axis(x, matrices, transpose=False):
         else:
             x = jnp.tensordot(x, matrix, axes=([0], [1 if transpose else 0]))
     return x
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafGroup:
+    """Rows (per-leaf tuples of arrays) with the same structure, shapes and dtypes.
+
+    Their arrays are stacked along a new leading axis and the per-leaf work runs
+    once, vmapped over it, so a model with many equal layers compiles one copy
+    of that work instead of one per leaf. A row holding an explicitly sharded
+    array is a group of its own and is not stacked (stacking would mix
+    shardings).
+    """
+
+    members: tuple[int, ...]
+    batched: bool
+
+    def stack(self, rows: Sequence[Any]) -> Any:
+        """The members' rows, stacked (or the row itself, for a sharded one)."""
+        if not self.batched:
+            return rows[self.members[0]]
+        return jax.tree.map(lambda *xs: jnp.stack(xs), *[rows[i] for i in self.members])
+
+    def map(self, fn: Callable, *stacked: Any) -> Any:
+        """`fn` on each member's slice of `stacked`."""
+        return jax.vmap(fn)(*stacked) if self.batched else fn(*stacked)
+
+    def unstack(self, stacked: Any, results: list) -> None:
+        """Writes each member's slice of `stacked` into `results` at its index."""
+        if not self.batched:
+            results[self.members[0]] = stacked
+            return
+        for position, index in enumerate(self.members):
+            results[index] = jax.tree.map(lambda x, j=position: x[j], stacked)
+
+
+def group_leaves(rows: Sequence[Any]) -> list[LeafGroup]:
+    """The rows grouped by structure, shapes and dtypes (see `LeafGroup`)."""
+    groups: dict[Any, list[int]] = {}
+    sharded = set()
+    for index, row in enumerate(rows):
+        arrays, structure = jax.tree.flatten(row)
+        if any(is_explicitly_sharded(x) for x in arrays):
+            key = ("alone", index)
+            sharded.add(index)
+        else:
+            key = (structure, tuple((x.shape, x.dtype) for x in arrays))
+        groups.setdefault(key, []).append(index)
+    return [
+        LeafGroup(tuple(members), batched=members[0] not in sharded)
+        for members in groups.values()
+    ]
 
 
 def map_leaves(fn: Callable, updates: Any, *trees: Any, n_out: int) -> tuple:

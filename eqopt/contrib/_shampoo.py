@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from .._base import AbstractGradientTransformation, Params, Updates
+from .._base import AbstractGradientTransformation, Params, Updates, is_none
 from .._combine import Chain
 from .._hyper import (
     ScalarLike,
@@ -20,9 +20,9 @@ from .._hyper import (
 )
 from .._linalg import matrix_inverse_pth_root
 from .._numerics import safe_int32_increment
-from .._sharding import gathered
+from .._sharding import gathered, like
 from .._transform.basic import ScaleByLearningRate
-from ._kronecker import apply_per_axis, gram, map_leaves, map_params, merge_small_dims
+from ._kronecker import apply_per_axis, gram, group_leaves, map_params, merge_small_dims
 
 Grafting = Literal["sgd", "adagrad", "adam"]
 RootMethod = Literal["eigh", "newton"]
@@ -272,8 +272,28 @@ class ScaleByShampoo(AbstractGradientTransformation):
             params if uses_decay else jax.tree.map(lambda _: None, state.momentum)
         )
 
+        leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
+        columns = [
+            treedef.flatten_up_to(tree)
+            for tree in (
+                graft_nu_tree,
+                state.graft_momentum,
+                state.momentum,
+                state.statistics,
+                state.preconditioners,
+                param_tree,
+            )
+        ]
+        active = [i for i, u in enumerate(leaves) if u is not None]
+        rows = [(leaves[i], *(column[i] for column in columns)) for i in active]
+        # Same-shaped leaves are stacked once and each phase runs once per
+        # group, vmapped; the roots of all statistics of one size run as one
+        # batch under one `cond`.
+        groups = group_leaves(rows)
+        stacks = [group.stack(rows) for group in groups]
+
         @no_type_check
-        def step(g, graft_nu, graft_momentum, momentum, statistics, preconditioners, p):
+        def statistics_step(g, graft_nu, statistics):
             g, shard_like_g = gathered(g)
             wide = jnp.promote_types(g.dtype, jnp.float32)
             gw = g.astype(wide)
@@ -289,32 +309,70 @@ class ScaleByShampoo(AbstractGradientTransformation):
                 graft_nu = shard_like_g(nu.astype(graft_nu.dtype))
             layout = self._layout(g.shape)
             if layout is None:
+                return graft, graft_nu, None, statistics
+            blocks = layout.to_blocks(gw)
+            statistics = tuple(
+                b2 * s + new_weight * jax.vmap(lambda x, a=axis: gram(x, a))(blocks)
+                for axis, s in enumerate(statistics)
+            )
+            return graft, graft_nu, blocks, statistics
+
+        firsts = [
+            group.map(statistics_step, stack[0], stack[1], stack[4])
+            for group, stack in zip(groups, stacks, strict=True)
+        ]
+        statistics = [first[3] for first in firsts]
+
+        @no_type_check
+        def roots(old):
+            # Every statistic, as a batch of (b, b) matrices, bucketed by size,
+            # dtype and root; one vmapped root per bucket.
+            buckets: dict[Any, list] = {}
+            for position, (group, stack) in enumerate(zip(groups, stacks, strict=True)):
+                layout = self._layout(
+                    stack[0].shape[1:] if group.batched else stack[0].shape
+                )
+                if layout is None:
+                    continue
+                exponent = self.exponent_override or 2 * len(layout.shape)
+                for axis, s in enumerate(statistics[position]):
+                    # A sharded leaf's statistics keep their sharding: no mixing.
+                    alone = None if group.batched else position
+                    key = (s.shape[-1], s.dtype, exponent, alone)
+                    buckets.setdefault(key, []).append((position, axis, s))
+            new = [list(factors) for factors in old]
+            for (_, _, exponent, _), entries in buckets.items():
+                matrices = [s.reshape(-1, *s.shape[-2:]) for _, _, s in entries]
+                sizes = [m.shape[0] for m in matrices]
+                root, error = jax.vmap(lambda m, e=exponent: self._root(m, e))(
+                    jnp.concatenate(matrices) if len(matrices) > 1 else matrices[0]
+                )
+                failed = ~(error < self.inverse_failure_threshold)
+                offset = 0
+                for (position, axis, s), size in zip(entries, sizes, strict=True):
+                    previous = old[position][axis]
+                    part = slice(offset, offset + size)
+                    new[position][axis] = jnp.where(
+                        failed[part].reshape(*s.shape[:-2], 1, 1),
+                        previous,
+                        root[part].reshape(s.shape).astype(previous.dtype),
+                    )
+                    offset += size
+            return [tuple(factors) for factors in new]
+
+        preconditioners = jax.lax.cond(
+            compute, roots, lambda old: old, [stack[5] for stack in stacks]
+        )
+
+        @no_type_check
+        def direction_step(
+            g, graft, blocks, preconditioners, graft_momentum, momentum, p
+        ):
+            wide = graft.dtype
+            if blocks is None:
                 preconditioned = graft
             else:
-                blocks = layout.to_blocks(gw)
-                statistics = tuple(
-                    b2 * s + new_weight * jax.vmap(lambda x, a=axis: gram(x, a))(blocks)
-                    for axis, s in enumerate(statistics)
-                )
-                exponent = self.exponent_override or 2 * len(layout.shape)
-
-                def roots(old):
-                    new = []
-                    for s, previous in zip(statistics, old, strict=True):
-                        root, error = jax.vmap(lambda m: self._root(m, exponent))(s)
-                        failed = ~(error < self.inverse_failure_threshold)
-                        new.append(
-                            jnp.where(
-                                failed[:, None, None],
-                                previous,
-                                root.astype(previous.dtype),
-                            )
-                        )
-                    return tuple(new)
-
-                preconditioners = jax.lax.cond(
-                    compute, roots, lambda old: old, preconditioners
-                )
+                layout = self._layout(g.shape)
                 preconditioned = jax.vmap(apply_per_axis)(blocks, preconditioners)
                 preconditioned = layout.from_blocks(preconditioned, g.shape)
             multiplier = jnp.linalg.norm(graft) / (
@@ -337,26 +395,35 @@ class ScaleByShampoo(AbstractGradientTransformation):
                     + b1 * current
                 )
             return (
-                shard_like_g(current.astype(g.dtype)),
-                graft_nu,
-                shard_like_g(new_graft_momentum.astype(graft_momentum.dtype)),
-                shard_like_g(new_momentum.astype(momentum.dtype)),
-                statistics,
-                preconditioners,
+                like(current.astype(g.dtype), g),
+                like(new_graft_momentum.astype(graft_momentum.dtype), g),
+                like(new_momentum.astype(momentum.dtype), g),
             )
 
-        updates, graft_nu, graft_momentum, momentum, statistics, preconditioners = (
-            map_leaves(
-                step,
-                updates,
-                graft_nu_tree,
-                state.graft_momentum,
-                state.momentum,
-                state.statistics,
-                state.preconditioners,
-                param_tree,
-                n_out=6,
+        outs: list[Any] = [None] * len(rows)
+        for group, stack, first, stats, factors in zip(
+            groups, stacks, firsts, statistics, preconditioners, strict=True
+        ):
+            graft, graft_nu, blocks, _ = first
+            update, graft_momentum, momentum = group.map(
+                direction_step,
+                stack[0],
+                graft,
+                blocks,
+                factors,
+                stack[2],
+                stack[3],
+                stack[6],
             )
+            group.unstack(
+                (update, graft_nu, graft_momentum, momentum, stats, factors), outs
+            )
+        results = [list(leaves), *(list(column) for column in columns[:5])]
+        for position, i in enumerate(active):
+            for column, value in zip(results, outs[position], strict=True):
+                column[i] = value
+        updates, graft_nu, graft_momentum, momentum, statistics, preconditioners = (
+            jax.tree.unflatten(treedef, column) for column in results
         )
         return updates, ScaleByShampooState(
             count=safe_int32_increment(count),
