@@ -350,6 +350,8 @@ class ScaleByKron(AbstractGradientTransformation):
         @no_type_check
         def step(g, mu, factors, probe):
             g, shard_like_g = gathered(g)
+            # Whole factors (split over the data axis under ZeRO-1).
+            factors = tuple(gathered(q)[0] for q in factors)
             wide = factors[0].dtype
             gw = g.astype(wide)
             # With b1 = 0 this is g itself (the correction is 1).

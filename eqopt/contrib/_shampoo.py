@@ -284,6 +284,13 @@ class ScaleByShampoo(AbstractGradientTransformation):
                 param_tree,
             )
         ]
+        # The statistics and preconditioners are whole matrices to every step:
+        # under ZeRO-1 (split over the data axis) they are gathered first.
+        for column in (3, 4):
+            columns[column] = [
+                jax.tree.map(lambda x: gathered(x)[0], factors)
+                for factors in columns[column]
+            ]
         active = [i for i, u in enumerate(leaves) if u is not None]
         rows = [(leaves[i], *(column[i] for column in columns)) for i in active]
         # Same-shaped leaves are stacked once and each phase runs once per
