@@ -92,10 +92,16 @@ def make_optimizers(model):
             adam_weight_decay=wd,
         ),
         "SOAP": eqopt.contrib.soap(lr, weight_decay=wd),
-        # Adam grafting (SGD grafting would need SGD's learning rate); roots
-        # every 10 steps, as SOAP refreshes its eigenbases.
+        # Adam grafting (SGD grafting would need SGD's learning rate) with
+        # SOAP's b2 = 0.95 (Shampoo's Adam grafting has no bias correction, so
+        # b2 = 0.999 takes huge first steps); roots every 10 steps, as SOAP
+        # refreshes its eigenbases.
         "Shampoo": eqopt.contrib.shampoo(
-            lr, grafting="adam", weight_decay=wd, preconditioning_compute_steps=10
+            lr,
+            b2=0.95,
+            grafting="adam",
+            weight_decay=wd,
+            preconditioning_compute_steps=10,
         ),
         "Kron": eqopt.contrib.kron(lr, weight_decay=wd),
         "MARS-AdamW": eqopt.contrib.mars_adamw(lr, weight_decay=wd),
