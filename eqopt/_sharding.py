@@ -74,6 +74,13 @@ def gathered(x: Any) -> tuple[Any, Callable[[Any], Any]]:
     )
 
 
+def whole(tree: Any) -> Any:
+    """Every array of `tree` replicated over the mesh where it is split over an
+    explicit axis (a whole matrix for a step that needs one; ZeRO-1 splits
+    state that is not shaped like the params too)."""
+    return jax.tree.map(lambda x: gathered(x)[0], tree)
+
+
 def inner(x: Any, y: Any) -> Any:
     """$\\sum_i \\bar x_i y_i$ at the highest precision, also for explicitly sharded arrays."""
     if is_explicitly_sharded(x) or is_explicitly_sharded(y):

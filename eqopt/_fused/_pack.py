@@ -161,10 +161,17 @@ def worth_bucketing(layout: _Layout) -> bool:
 
 
 @no_type_check
-def _concatenate(leaves: list, layout: _Layout) -> tuple:
+def _parts(leaves: list, layout: _Layout) -> list[list]:
+    # Each buffer's leaves, flattened, in the layout's order.
     parts: list[list] = [[] for _ in layout.buffers]
     for slot in layout.slots:
         parts[slot.buffer].append(jnp.ravel(leaves[slot.leaf_index]))
+    return parts
+
+
+@no_type_check
+def _concatenate(leaves: list, layout: _Layout) -> tuple:
+    parts = _parts(leaves, layout)
     return tuple(
         jnp.concatenate(chunks) if len(chunks) > 1 else chunks[0] for chunks in parts
     )
@@ -185,9 +192,7 @@ def _assemble(leaves: list, layout: _Layout, bases: tuple | None = None) -> tupl
     first piece into a pass over the whole buffer. A sharded buffer is
     concatenated (an update at an offset could gather it).
     """
-    parts: list[list] = [[] for _ in layout.buffers]
-    for slot in layout.slots:
-        parts[slot.buffer].append(jnp.ravel(leaves[slot.leaf_index]))
+    parts = _parts(leaves, layout)
     buffers = []
     for chunks, (dtype, size, sharding) in zip(parts, layout.buffers, strict=True):
         if len(chunks) == 1 or sharding is not None:

@@ -21,7 +21,7 @@ from .._hyper import (
     check_hyperparameter,
 )
 from .._numerics import safe_int32_increment
-from .._sharding import gathered
+from .._sharding import gathered, whole
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
 from ..schedules._base import AbstractSchedule
@@ -351,7 +351,7 @@ class ScaleByKron(AbstractGradientTransformation):
         def step(g, mu, factors, probe):
             g, shard_like_g = gathered(g)
             # Whole factors (split over the data axis under ZeRO-1).
-            factors = tuple(gathered(q)[0] for q in factors)
+            factors = whole(factors)
             wide = factors[0].dtype
             gw = g.astype(wide)
             # With b1 = 0 this is g itself (the correction is 1).

@@ -20,7 +20,7 @@ from .._hyper import (
 )
 from .._linalg import matrix_inverse_pth_root
 from .._numerics import safe_int32_increment
-from .._sharding import gathered, like
+from .._sharding import gathered, like, whole
 from .._transform.basic import ScaleByLearningRate
 from ._kronecker import apply_per_axis, gram, group_leaves, map_params, merge_small_dims
 
@@ -287,10 +287,7 @@ class ScaleByShampoo(AbstractGradientTransformation):
         # The statistics and preconditioners are whole matrices to every step:
         # under ZeRO-1 (split over the data axis) they are gathered first.
         for column in (3, 4):
-            columns[column] = [
-                jax.tree.map(lambda x: gathered(x)[0], factors)
-                for factors in columns[column]
-            ]
+            columns[column] = [whole(factors) for factors in columns[column]]
         active = [i for i, u in enumerate(leaves) if u is not None]
         rows = [(leaves[i], *(column[i] for column in columns)) for i in active]
         # Same-shaped leaves are stacked once and each phase runs once per

@@ -19,7 +19,7 @@ from .._hyper import (
     check_hyperparameter,
 )
 from .._numerics import safe_int32_increment
-from .._sharding import gathered
+from .._sharding import gathered, whole
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
 from ._kronecker import apply_per_axis, gram, map_leaves, map_params, merge_small_dims
@@ -194,10 +194,7 @@ class ScaleBySoap(AbstractGradientTransformation):
             mu, nu = gathered(mu)[0], gathered(nu)[0]
             # Whole factors too: under ZeRO-1 they are split over the data axis
             # (and the state's layout is restored by the plan's constraints).
-            statistics = tuple(
-                None if s is None else gathered(s)[0] for s in statistics
-            )
-            bases = tuple(None if q is None else gathered(q)[0] for q in bases)
+            statistics, bases = whole(statistics), whole(bases)
             shape, _ = self._layout(g.shape)
             wide = jnp.promote_types(g.dtype, jnp.float32)
             merged = g.reshape(shape).astype(wide)
