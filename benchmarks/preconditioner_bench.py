@@ -173,7 +173,11 @@ def quiet():
 
 def bench(optimiser, tree_name, args):
     oracle = "psgd_jax" if optimiser == "kron" else "precondition-opt"
-    variants = [f"{optimiser}:{oracle}", f"{optimiser}:{oracle}-aa", f"{optimiser}:eqopt"]
+    variants = [
+        f"{optimiser}:{oracle}",
+        f"{optimiser}:{oracle}-aa",
+        f"{optimiser}:eqopt",
+    ]
     if args.packed:
         variants.append(f"{optimiser}:eqopt-packed")
     model = make_tree(tree_name, args)

@@ -2,11 +2,15 @@
 
 What a user runs each step: the loss and its gradient (a real forward and
 backward pass), the optimiser's `update` and `apply_updates`, with the params
-and the state donated. For each tree and optimiser case it times five
+and the state donated. For each tree and optimiser case it times six
 variants: Optax on `eqx.filter(model, eqx.is_array)`; Optax again (the A/A run,
 whose ratio to the first is the noise of the measurement); eqopt's default path
-on the whole model; `eqopt.bucketed(opt)` (its automatic choice); and eqopt on
-`eqopt.pack`ed params, differentiating `loss(packed.unpack())`.
+on the whole model, with the optimiser passed into the step (its
+hyperparameters are inputs of the program: changing them does not recompile);
+the same with the optimiser closed over ("closed": its hyperparameters are
+constants of the program, as Optax's Python floats are); `eqopt.bucketed(opt)`
+(its automatic choice); and eqopt on `eqopt.pack`ed params, differentiating
+`loss(packed.unpack())`. `--variants` runs a subset.
 
 Trees (each with a real forward pass, CPU-sized):
 
@@ -30,6 +34,7 @@ of those ratios over the rounds (< 1: faster than Optax).
     python benchmarks/train_step_bench.py            # all trees and cases
     python benchmarks/train_step_bench.py --quick    # smaller trees, fewer repetitions
     python benchmarks/train_step_bench.py --trees res200 --cases adam --json out.json
+    python benchmarks/train_step_bench.py --variants optax-aa,eqopt,eqopt-packed
 """
 
 import argparse
@@ -57,7 +62,22 @@ import step_bench  # noqa: E402
 
 import eqopt  # noqa: E402
 
-VARIANTS = ("optax", "optax-aa", "eqopt", "eqopt-bucketed", "eqopt-packed")
+VARIANTS = (
+    "optax",
+    "optax-aa",
+    "eqopt",
+    "eqopt-closed",
+    "eqopt-bucketed",
+    "eqopt-packed",
+)
+# Column titles of the table, by variant.
+TITLES = {
+    "eqopt": "eqopt",
+    "eqopt-closed": "closed",
+    "eqopt-bucketed": "bucketed",
+    "eqopt-packed": "packed",
+    "optax-aa": "A/A",
+}
 CASES = ("sgdm", "adam", "clip+adamw+cos", "lion")
 TREES = ("res200", "res1000", "resnet", "transformer")
 TOTAL_STEPS = 1000
@@ -228,11 +248,19 @@ class Runner:
             self.state = opt.init(model)
             opt_arrays, opt_static = eqx.partition(opt, eqx.is_array)
             model_static = eqx.filter(model, eqx.is_array, inverse=True)
+            if variant == "eqopt-closed":
+                # The optimiser closed over, as Equinox's examples keep `optim`
+                # global: its hyperparameters are constants of the program.
+                opt_static, opt_arrays = opt, None
 
             def factory():
                 # Arrays in, arrays out, as `eqx.filter_jit` would pass them.
                 def step(opt_arrays, params, state, batch):
-                    opt = eqx.combine(opt_arrays, opt_static)
+                    opt = (
+                        opt_static
+                        if opt_arrays is None
+                        else eqx.combine(opt_arrays, opt_static)
+                    )
                     model = eqx.combine(params, model_static)
                     value, grads = eqx.filter_value_and_grad(loss)(model, batch)
                     updates, state = opt.update(grads, state, model)
@@ -268,27 +296,30 @@ class Runner:
         return elapsed / n
 
 
-def mirrored(round_):
-    k = (round_ // 2) % len(VARIANTS)
-    order = VARIANTS[k:] + VARIANTS[:k]
+def mirrored(round_, variants):
+    k = (round_ // 2) % len(variants)
+    order = variants[k:] + variants[:k]
     return order if round_ % 2 == 0 else order[::-1]
 
 
 def bench_one(tree, case, args, log):
+    variants = args.variants
     model, batch, loss = make_tree(tree, args)
-    runners = {v: Runner(v, case, model, batch, loss) for v in VARIANTS}
+    runners = {v: Runner(v, case, model, batch, loss) for v in variants}
     leaves = eqx.filter(model, eqx.is_inexact_array)
     result = {
         "tree": tree,
         "case": case,
         "leaves": len(jax.tree.leaves(leaves)),
         "params": sum(x.size for x in jax.tree.leaves(leaves)),
-        "compile_s": {v: [] for v in VARIANTS},
-        "step_s": {v: [] for v in VARIANTS},
-        "bucketed": bool(runners["eqopt-bucketed"].state.is_bucketed),
+        "compile_s": {v: [] for v in variants},
+        "step_s": {v: [] for v in variants},
+        "bucketed": bool(
+            "eqopt-bucketed" in runners and runners["eqopt-bucketed"].state.is_bucketed
+        ),
     }
     for round_ in range(args.rounds):
-        for variant in mirrored(round_):
+        for variant in mirrored(round_, variants):
             seconds = runners[variant].time_compile()
             result["compile_s"][variant].append(seconds)
         for runner in runners.values():
@@ -296,18 +327,18 @@ def bench_one(tree, case, args, log):
         # Steps per sample: about `rep_seconds` of work for the Optax step.
         per_step = runners["optax"].run(1)
         n = max(1, round(args.rep_seconds / max(per_step, 1e-6)))
-        samples = {v: [] for v in VARIANTS}
+        samples = {v: [] for v in variants}
         for rep in range(args.step_reps):
-            order = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]
+            order = variants if rep % 2 == 0 else variants[::-1]
             for variant in order:
                 samples[variant].append(runners[variant].run(n))
-        for variant in VARIANTS:
+        for variant in variants:
             result["step_s"][variant].append(statistics.median(samples[variant]))
         log(
             f"  {tree} {case} round {round_ + 1}/{args.rounds}: step ms "
-            + " ".join(f"{v}={1e3 * result['step_s'][v][-1]:.3g}" for v in VARIANTS)
+            + " ".join(f"{v}={1e3 * result['step_s'][v][-1]:.3g}" for v in variants)
             + "; first call s "
-            + " ".join(f"{v}={result['compile_s'][v][-1]:.3g}" for v in VARIANTS)
+            + " ".join(f"{v}={result['compile_s'][v][-1]:.3g}" for v in variants)
         )
     return result
 
@@ -315,38 +346,36 @@ def bench_one(tree, case, args, log):
 def ratios(result, metric):
     base = result[metric]["optax"]
     return {
-        v: step_bench.geometric_mean(
-            [x / b for x, b in zip(result[metric][v], base, strict=True)]
-        )
-        for v in VARIANTS
+        v: step_bench.geometric_mean([x / b for x, b in zip(times, base, strict=True)])
+        for v, times in result[metric].items()
     }
 
 
 def table(results):
+    shown = [v for v in TITLES if v in results[0]["step_s"]]
     header = (
-        "| tree | case | leaves | params | step eqopt | step bucketed | step packed "
-        "| step A/A | first call eqopt | first call bucketed | first call packed "
-        "| first call A/A | step ms Optax | first call s Optax |"
+        "| tree | case | leaves | params | "
+        + " | ".join(f"step {TITLES[v]}" for v in shown)
+        + " | "
+        + " | ".join(f"first call {TITLES[v]}" for v in shown)
+        + " | step ms Optax | first call s Optax |"
     )
-    lines = [header, "|" + "---|" * 4 + "--:|" * 10]
+    lines = [header, "|" + "---|" * 4 + "--:|" * (2 * len(shown) + 2)]
     for r in results:
         step, first = ratios(r, "step_s"), ratios(r, "compile_s")
         optax_step = statistics.median(r["step_s"]["optax"]) * 1e3
         optax_first = statistics.median(r["compile_s"]["optax"])
-        bucketed = "" if r["bucketed"] else " (per leaf)"
+        per_leaf = " (per leaf)" if not r["bucketed"] else ""
         cells = [
             r["tree"],
             r["case"],
             str(r["leaves"]),
             step_bench.fmt_count(r["params"]),
-            f"{step['eqopt']:.2f}",
-            f"{step['eqopt-bucketed']:.2f}{bucketed}",
-            f"{step['eqopt-packed']:.2f}",
-            f"{step['optax-aa']:.2f}",
-            f"{first['eqopt']:.2f}",
-            f"{first['eqopt-bucketed']:.2f}",
-            f"{first['eqopt-packed']:.2f}",
-            f"{first['optax-aa']:.2f}",
+            *(
+                f"{step[v]:.2f}{per_leaf if v == 'eqopt-bucketed' else ''}"
+                for v in shown
+            ),
+            *(f"{first[v]:.2f}" for v in shown),
             f"{optax_step:.3g}",
             f"{optax_first:.3g}",
         ]
@@ -377,6 +406,11 @@ def parse_args(argv=None):
     parser.add_argument("--quick", action="store_true", help="smaller trees, 2 rounds")
     parser.add_argument("--trees", default=",".join(TREES))
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help="a subset of " + ",".join(VARIANTS) + " (optax is always run)",
+    )
     parser.add_argument("--rounds", type=int, default=4, help="compile rounds (even)")
     parser.add_argument("--step-reps", type=int, default=11, help="samples per round")
     parser.add_argument("--rep-seconds", type=float, default=0.1)
@@ -394,6 +428,11 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="also write every measurement to this file")
     args = parser.parse_args(argv)
+    chosen = set(args.variants.split(","))
+    unknown = chosen - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}: choose from {VARIANTS}")
+    args.variants = tuple(v for v in VARIANTS if v in chosen | {"optax"})
     if args.quick:
         given = {
             a.lstrip("-").split("=")[0].replace("-", "_")

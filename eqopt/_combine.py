@@ -153,7 +153,18 @@ class Chain(_AbstractNamedTuple, AbstractGradientTransformation):
     @property
     def handles_packed(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
         # A frozen selection is by leaf: a chain that freezes sees unpacked trees.
-        return not any(hasattr(t, "frozen_selection") for t in self.transforms)
+        # (Every chain can say what it freezes; only one holding a `Freeze`,
+        # directly or in a nested chain, freezes anything.)
+        return not self.freezes
+
+    @property
+    def runs_on_buffers(self) -> bool:
+        return not self.freezes and all(t.runs_on_buffers for t in self.transforms)
+
+    @property
+    def freezes(self) -> bool:
+        """Whether a part of this chain, or of a chain nested in it, freezes leaves."""
+        return any(_freezes(t) for t in self.transforms)
 
     @property
     def per_example_updates(self) -> bool:
@@ -215,6 +226,11 @@ class Chain(_AbstractNamedTuple, AbstractGradientTransformation):
                 is_leaf=is_none,
             )
         return updates, ChainState(tuple(new_states), self.names)
+
+
+def _freezes(transform: Any) -> bool:
+    # `Freeze` says so; a chain asks its parts.
+    return bool(getattr(transform, "freezes", False))
 
 
 def _frozen_by(transform: Any, tree: Any) -> Any | None:

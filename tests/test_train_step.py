@@ -172,6 +172,31 @@ def test_whole_steps_agree_to_a_few_roundings(make):
         np.testing.assert_allclose(z, x, rtol=1e-6, atol=1e-7)
 
 
+def test_masked_decay_in_a_chain_runs_on_the_buffers():
+    """A chain nested in a chain (AdamW with a decay mask, then clipping) keeps
+    the packed buffers: one square root per buffer, not one per leaf. Only a chain
+    that holds a `freeze` (directly or nested) unpacks, and it still freezes."""
+    packed = eqopt.pack(_model())
+    grads = jax.tree.map(jnp.ones_like, packed)
+    opt = _cosine_clipped_adamw()
+    state = opt.init(packed)
+    jaxpr = jax.make_jaxpr(opt.update)(grads, state, packed)
+    n_buffers = len([b for b in packed.buffers if b is not None])
+    assert str(jaxpr).count(" sqrt ") == 2 * n_buffers  # global norm + Adam
+
+    frozen = eqx.tree_at(
+        lambda m: m.layers[0].weight, jax.tree.map(lambda _: False, _model()), True
+    )
+    freezing = eqopt.chain(
+        eqopt.chain(eqopt.freeze(frozen)), eqopt.adamw(1e-2, mask=lambda x: x.ndim > 1)
+    )
+    assert not freezing.handles_packed and _cosine_clipped_adamw().handles_packed
+    updates, _ = freezing.update(grads, freezing.init(packed), packed)
+    unpacked = updates.unpack()
+    assert not np.any(np.asarray(unpacked.layers[0].weight))
+    assert np.all(np.asarray(unpacked.layers[0].bias) != 0)
+
+
 def test_automatic_choice_on_a_residual_stack():
     """`bucketed` buckets a stack of small layers and keeps a few large leaves per leaf;
     its step on the small layers gives the per-leaf numbers."""
@@ -182,11 +207,18 @@ def test_automatic_choice_on_a_residual_stack():
     assert not opt.init(big).is_bucketed
     many_large = {f"w{i}": jnp.ones((200, 100)) for i in range(10)}
     assert not opt.init(many_large).is_bucketed
-    # A per-leaf part (the decay mask) would unpack the buffers every step.
+    # A decay mask is not elementwise, but it runs on segments of the buffers.
     masked = eqopt.adamw(1e-2, mask=lambda x: x.ndim > 1)
-    assert not masked.elementwise
-    assert not eqopt.bucketed(masked).init(model).is_bucketed
-    assert eqopt.bucketed(masked, always=True).init(model).is_bucketed
+    assert not masked.elementwise and masked.runs_on_buffers
+    assert eqopt.bucketed(masked).init(model).is_bucketed
+    # A per-leaf part that unpacks (trust ratios, a freeze) keeps the per-leaf plan.
+    for per_leaf in (
+        eqopt.lamb(1e-2),
+        eqopt.chain(eqopt.freeze(lambda x: x.ndim == 1), eqopt.adam(1e-2)),
+    ):
+        assert not per_leaf.runs_on_buffers
+        assert not eqopt.bucketed(per_leaf).init(model).is_bucketed
+        assert eqopt.bucketed(per_leaf, always=True).init(model).is_bucketed
 
 
 def test_default_path_hints_bucketing_once(monkeypatch):
@@ -205,7 +237,7 @@ def test_default_path_hints_bucketing_once(monkeypatch):
         eqopt.adam(1e-2).init(_model(40))  # 80 leaves: bucketed, but no hint
         eqopt.bucketed(eqopt.adam(1e-2)).init(stack)
         eqopt.adam(1e-2).init(eqopt.pack(stack))
-        eqopt.adamw(1e-2, mask=lambda x: x.ndim > 1).init(stack)  # per-leaf part
+        eqopt.lamb(1e-2).init(stack)  # per-leaf trust ratios
         assert not [w for w in caught if w.category is eqopt.PerformanceHint]
         state = eqopt.chain(eqopt.clip_by_global_norm(1.0), eqopt.adam(1e-2)).init(
             stack

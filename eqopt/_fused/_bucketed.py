@@ -63,22 +63,24 @@ class Bucketed(AbstractGradientTransformation):
 
     The numbers are those of the inner transform applied leaf by leaf, for
     every transform: an elementwise one (Adam, SGD, Lion, RMSProp, global-norm
-    clipping, and chains of them) runs on the buffers, and one that is not
-    (per-leaf norms, masks by filter spec) sees the params unpacked, as with
-    [`eqopt.pack`][]. For the largest speed-up, also keep the params packed with
+    clipping, and chains of them) runs on the buffers, as does a weight-decay
+    mask (on segments of a buffer), and one that is not (per-leaf norms,
+    freezing) sees the params unpacked, as with [`eqopt.pack`][]. For the largest speed-up, also keep the params packed with
     [`eqopt.pack`][].
 
     **Arguments:**
 
     - `inner`: the transform (an eqopt transform or an Optax-style pair).
     - `always`: bucket whatever the params. By default (`False`) `init` chooses:
-      it buckets when `inner` is elementwise throughout (`inner.elementwise`),
-      there are at least `MIN_LEAVES_PER_BUFFER` (32) trainable leaves per
-      buffer and they average at most `MAX_MEAN_LEAF_SIZE` (1024) elements, and
-      otherwise keeps the per-leaf plan, where bucketing would only add a
-      gather and a scatter per step (and, for a per-leaf part such as a
-      weight-decay mask, an unpacking and repacking). The choice is made once, at
-      `init`, from the shapes, and read back with `state.is_bucketed`.
+      it buckets when `inner` runs on the buffers throughout
+      (`inner.runs_on_buffers`: elementwise parts, and weight-decay masks, which
+      select segments of a buffer), there are at least `MIN_LEAVES_PER_BUFFER`
+      (32) trainable leaves per buffer and they average at most
+      `MAX_MEAN_LEAF_SIZE` (1024) elements, and otherwise keeps the per-leaf
+      plan, where bucketing would only add a gather and a scatter per step (and,
+      for a per-leaf part such as trust ratios or a freeze, an unpacking and
+      repacking). The choice is made once, at `init`, from the shapes, and read
+      back with `state.is_bucketed`.
 
     !!! example
 
@@ -112,7 +114,9 @@ class Bucketed(AbstractGradientTransformation):
                 "`bucketed` found no trainable array in the params (no floating or complex "
                 "JAX array leaf): there is no state to bucket."
             )
-        if not (self.always or (self.inner.elementwise and worth_bucketing(layout))):
+        if not (
+            self.always or (self.inner.runs_on_buffers and worth_bucketing(layout))
+        ):
             return BucketedState(
                 inner=self.inner.init(params), layout=None, treedef=treedef
             )

@@ -251,10 +251,10 @@ class Packed(eqx.Module):
     `packed` gives a `Packed` gradient, `init`/`update` keep their state in a
     handful of buffers, and `apply_updates` adds to them. Elementwise
     transforms (Adam, SGD, Lion, RMSProp, global-norm clipping...) then run as a
-    few kernels over a few buffers, whatever the number of leaves. Transforms
-    that are not elementwise (per-leaf norms, trust ratios, factored moments,
-    masks by filter spec) see the unpacked model, so their results are the same
-    as without packing.
+    few kernels over a few buffers, whatever the number of leaves, and so does a
+    weight-decay mask (it selects segments of a buffer). Transforms that are not
+    elementwise (per-leaf norms, trust ratios, factored moments, freezing) see
+    the unpacked model, so their results are the same as without packing.
 
     !!! example
 

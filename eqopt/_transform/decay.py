@@ -60,6 +60,11 @@ class AddDecayedWeights(AbstractGradientTransformation):
         # Without a mask every element is treated alike; a mask selects by leaf.
         return self.mask is None
 
+    @property
+    def runs_on_buffers(self) -> bool:
+        # A mask selects segments of the packed buffers (`Packed.segment_masks`).
+        return True
+
     def init(self, params: Params) -> OptState:
         if self.mask is not None:
             warn_if_selects_nothing(

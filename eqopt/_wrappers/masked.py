@@ -1,7 +1,7 @@
 """Selecting parameters with filter specs: masked, freeze, selective_transform."""
 
 import warnings
-from typing import Any
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -158,6 +158,9 @@ class Freeze(AbstractGradientTransformation):
     """
 
     mask: FilterSpec
+
+    #: It freezes leaves for the chain around it (see [`eqopt.Chain`][]).
+    freezes: ClassVar[bool] = True
 
     @property
     def elementwise(self) -> bool:
