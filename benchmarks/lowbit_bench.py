@@ -188,10 +188,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--width", type=int, default=None, help="MLP width (1024)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per median")
     args = parser.parse_args()
     width, depth = (512, 3) if args.quick else (1024, 3)
+    width = args.width or width
     rounds = args.rounds or (2 if args.quick else 6)
-    steps = 3 if args.quick else 7
+    steps = args.steps or (3 if args.quick else 7)
     model = make_model(width, depth)
     n_params = sum(x.size for x in jax.tree.leaves(eqx.filter(model, eqx.is_array)))
     names = [*VARIANTS, *KERNELS]
@@ -222,7 +225,7 @@ def main() -> None:
         "params": n_params,
         "leaves": len(jax.tree.leaves(eqx.filter(model, eqx.is_array))),
         "rounds": rounds,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
+        "machine": f"{jax.devices()[0].device_kind}, {platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
         "rows": [],
     }
     print(
