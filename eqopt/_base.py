@@ -31,6 +31,7 @@ from ._leaves import (
     is_none as is_none,
     is_state_leaf,
     is_trainable as is_trainable,
+    outside_eqopt,
     path_str as path_str,
 )
 from ._quantize import call_dequantized, is_quantized, is_quantized_format, moment_like
@@ -226,7 +227,7 @@ def _hint_bucketing(transform: Any, params: Any) -> None:
         "packs the params too; see the Performance page. (Given once; silence "
         "it with `warnings.filterwarnings('ignore', category=eqopt.PerformanceHint)`.)",
         PerformanceHint,
-        stacklevel=3,
+        stacklevel=outside_eqopt(),
     )
 
 

@@ -1,6 +1,5 @@
 """Filter specs: selecting leaves the way `eqx.filter` does ("Selecting parameters" in the docs)."""
 
-import sys
 import warnings
 from collections.abc import Callable
 from typing import Any, TypeAlias, no_type_check
@@ -11,6 +10,7 @@ import numpy as np
 from jaxtyping import PyTree
 
 from ._base import is_none, is_trainable, path_str
+from ._leaves import outside_eqopt
 from ._structure import first_difference
 
 #: A filter spec: a bool, a per-leaf predicate, or a prefix pytree of these.
@@ -281,24 +281,8 @@ def warn_if_selects_nothing(
             f"The {what} ({describe_spec(filter_spec)}) selects no trainable leaf "
             f"(no inexact array), so {consequence}.",
             UserWarning,
-            stacklevel=_outside_eqopt(),
+            stacklevel=outside_eqopt(),
         )
-
-
-_LIBRARIES = ("eqopt", "jaxtyping", "equinox", "beartype", "jax")
-
-
-@no_type_check
-def _outside_eqopt() -> int:
-    # The stack level of the first caller outside eqopt and the libraries it
-    # calls through, so a warning points at the user's line.
-    level, frame = 1, sys._getframe(1)
-    while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        if module.split(".")[0] not in _LIBRARIES:
-            return level
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def keep_selected(tree: Any, mask: Any) -> Any:

@@ -4,6 +4,7 @@ It imports only the quantised-moment type (`_quantize`, which imports nothing of
 eqopt).
 """
 
+import sys
 from typing import Any, TypeAlias, no_type_check
 
 import equinox as eqx
@@ -118,3 +119,19 @@ class InexactTree(metaclass=_InexactTreeMeta):
 Updates: TypeAlias = InexactTree
 #: An optimiser state: an `eqx.Module` for eqopt's own transforms, any pytree otherwise.
 OptState: TypeAlias = PyTree[Any]
+
+
+_LIBRARIES = ("eqopt", "jaxtyping", "equinox", "beartype", "jax")
+
+
+@no_type_check
+def outside_eqopt() -> int:
+    # The stack level of the first caller outside eqopt and the libraries it
+    # calls through, so a warning points at the user's line.
+    level, frame = 1, sys._getframe(1)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.split(".")[0] not in _LIBRARIES:
+            return level
+        frame, level = frame.f_back, level + 1
+    return level

@@ -249,5 +249,7 @@ def test_default_path_hints_bucketing_once(monkeypatch):
         "These params have 140 trainable leaves of 36 elements on average"
     )
     assert "eqopt.bucketed(opt)" in str(hints[0].message)
+    # It points at the user's call, not at eqopt or the type checker's wrapper.
+    assert hints[0].filename == __file__
     # The default path's state stays shaped like the model.
     assert state[1][0].mu.layers[0].weight.shape == (8, 8)
