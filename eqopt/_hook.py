@@ -141,6 +141,18 @@ def _decorator(name: str, node: ast.AST) -> ast.expr:
     return ast.copy_location(expression, node)
 
 
+def _annotated(node: Any) -> bool:
+    """Whether a function definition annotates any argument or its return."""
+    arguments = node.args
+    every = [
+        *arguments.posonlyargs,
+        *arguments.args,
+        *arguments.kwonlyargs,
+        *(a for a in (arguments.vararg, arguments.kwarg) if a is not None),
+    ]
+    return node.returns is not None or any(a.annotation is not None for a in every)
+
+
 class _AddChecks(ast.NodeTransformer):
     """Adds `check_class` (outermost) to classes and `check_function` (innermost) to functions.
 
@@ -168,11 +180,21 @@ class _AddChecks(ast.NodeTransformer):
         self.generic_visit(node)
         return node
 
+    _depth = 0  # how many functions enclose the node being visited
+
     def _visit_function(self, node: Any) -> Any:
         if any(_is_no_type_check(d) for d in node.decorator_list):
             return node
-        node.decorator_list.append(_decorator("check_function", node))
-        self.generic_visit(node)
+        # A closure without annotations has nothing to check, and a user never
+        # calls it: its wrapper would only cost time, at every call (once per
+        # leaf at trace time for the per-leaf helpers of `update`).
+        if not (self._depth and not _annotated(node)):
+            node.decorator_list.append(_decorator("check_function", node))
+        self._depth += 1
+        try:
+            self.generic_visit(node)
+        finally:
+            self._depth -= 1
         return node
 
     visit_FunctionDef = _visit_function

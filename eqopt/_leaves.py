@@ -61,15 +61,25 @@ def drop_float0(tree: Any) -> Any:
 def first_non_inexact(tree: Any) -> tuple[str, Any] | None:
     """The path and value of the first leaf that is neither an inexact array, `None`,
     `float0` nor a quantised moment, or `None` if there is no such leaf."""
+    leaves = jax.tree.leaves(tree, is_leaf=is_quantized_moment)
+    # Paths only when a leaf fails: building them costs more than the check
+    # (this runs at every `update` of every transform, on every leaf).
+    if all(map(_inexact_or_absent, leaves)):
+        return None
     flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_quantized_moment)[0]
     for path, leaf in flat:
-        if not (
-            eqx.is_inexact_array(leaf)
-            or is_float0(leaf)
-            or isinstance(leaf, QuantizedArray)
-        ):
+        if not _inexact_or_absent(leaf):
             return jax.tree_util.keystr(path) or "<root>", leaf
     return None
+
+
+@no_type_check
+def _inexact_or_absent(leaf: Any) -> bool:
+    return (
+        eqx.is_inexact_array(leaf)
+        or is_float0(leaf)
+        or isinstance(leaf, QuantizedArray)
+    )
 
 
 @no_type_check

@@ -141,6 +141,7 @@ class Quantized:
 MomentDType = DTypeLike | Quantized | None
 
 
+@no_type_check  # called once per leaf at trace time
 def is_quantized_format(dtype: Any) -> bool:
     """Whether a moment dtype is a [`eqopt.Quantized`][] format."""
     return isinstance(dtype, Quantized)

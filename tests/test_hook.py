@@ -32,6 +32,20 @@ def unchecked(x: int) -> int:
 def asserts() -> str:
     assert False, "asserts are kept"
     return "asserts are stripped"
+
+
+def outer(x: int):
+    def plain(y):  # a closure with no annotations: left undecorated
+        return y
+
+    def annotated(y: int) -> int:
+        return y
+
+    return plain, annotated
+
+
+def top_level_plain(y):
+    return y
 '''
 
 
@@ -67,6 +81,19 @@ def test_rewritten_functions_are_checked_unless_marked(source):
     with pytest.raises(eqopt.ArgumentTypeError, match="argument `x` must be int"):
         module.double("2")
     assert module.unchecked("2") == "2"
+
+
+def test_closures_without_annotations_are_not_wrapped(source):
+    """A closure with nothing to check (the per-leaf helpers of `update`) is not
+    wrapped, so tracing a model of many leaves does not pay a wrapper per leaf;
+    an annotated closure and a top-level function still are."""
+    module = _load(_loader(source))
+    plain, annotated = module.outer(1)
+    assert not hasattr(plain, "__wrapped__")
+    assert hasattr(annotated, "__wrapped__")
+    with pytest.raises(eqopt.ArgumentTypeError, match="argument `y` must be int"):
+        annotated("1")
+    assert hasattr(module.top_level_plain, "__wrapped__")
 
 
 def test_cache_hit_skips_the_rewriting(source, monkeypatch):
