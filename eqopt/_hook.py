@@ -1,7 +1,8 @@
 """The import hook that type-checks eqopt, deferring each check's setup to first use.
 
 Every function, method and class of the package (except those marked
-`@typing.no_type_check`) is checked with `jaxtyping.jaxtyped(typechecker=...)`
+`@typing.no_type_check`, and closures with no annotations, which have nothing
+to check) is checked with `jaxtyping.jaxtyped(typechecker=...)`
 and beartype (see `eqopt/_typecheck.py`), as jaxtyping's own
 `install_import_hook` would do. The difference is *when* the checking wrapper is
 built: jaxtyping's hook builds it for all of eqopt's ~2,000 functions while
