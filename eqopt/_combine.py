@@ -159,7 +159,9 @@ class Chain(_AbstractNamedTuple, AbstractGradientTransformation):
 
     @property
     def runs_on_buffers(self) -> bool:
-        return not self.freezes and all(t.runs_on_buffers for t in self.transforms)
+        # A `Freeze` is not elementwise, so a chain holding one (nested or not)
+        # does not run on the buffers either.
+        return all(t.runs_on_buffers for t in self.transforms)
 
     @property
     def freezes(self) -> bool:

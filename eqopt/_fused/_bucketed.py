@@ -65,8 +65,8 @@ class Bucketed(AbstractGradientTransformation):
     every transform: an elementwise one (Adam, SGD, Lion, RMSProp, global-norm
     clipping, and chains of them) runs on the buffers, as does a weight-decay
     mask (on segments of a buffer), and one that is not (per-leaf norms,
-    freezing) sees the params unpacked, as with [`eqopt.pack`][]. For the largest speed-up, also keep the params packed with
-    [`eqopt.pack`][].
+    freezing) sees the params unpacked, as with [`eqopt.pack`][]. For the
+    largest speed-up, also keep the params packed with [`eqopt.pack`][].
 
     **Arguments:**
 
