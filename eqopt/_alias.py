@@ -5,9 +5,9 @@ in Optax's chain (so `state[0]` is the same part), named after their classes
 (`state.scale_by_adam.mu`). Every part is a Module whose hyperparameters are
 array leaves, so `print(eqopt.adamw(1e-3))` shows the whole optimiser and
 `eqx.tree_at(lambda o: o.scale_by_learning_rate.learning_rate, opt,
-jnp.asarray(3e-4))` changes the learning rate without recompiling (give an
-array: `tree_at` does not convert a Python float, which `filter_jit` would
-treat as static).
+eqopt.as_scalar(3e-4))` changes the learning rate without recompiling (convert
+the number: `tree_at` does not run the field's converter, and `filter_jit`
+treats a Python float as static).
 """
 
 import functools

@@ -20,7 +20,7 @@ from ._fused._pack import (
     unpack_all,
     worth_bucketing,
 )
-from ._hyper import check_fields
+from ._hyper import check_fields, weak_hyperparameters
 from ._leaves import (
     InexactTree as InexactTree,
     OptState as OptState,
@@ -235,6 +235,7 @@ def _hint_bucketing(transform: Any, params: Any) -> None:
 def _unpacking_init(method: Callable) -> Callable:
     @functools.wraps(method)
     def init(self, params):
+        self = weak_hyperparameters(self)
         if _INIT.depth == 0:
             _hint_bucketing(self, params)
         _INIT.depth += 1
@@ -254,6 +255,8 @@ def _unpacking_init(method: Callable) -> Callable:
 def _unpacking_update(method: Callable) -> Callable:
     @functools.wraps(method)
     def update(self, updates, state, params=None, **extra_args):
+        # Hyperparameters rest on the host as NumPy scalars; here they are weak.
+        self = weak_hyperparameters(self)
         # `float0` gradients (integer leaves under `jax.grad(allow_int=True)`) mean
         # "no gradient": the same as `None`.
         updates = drop_float0(updates)

@@ -9,7 +9,7 @@ from jaxtyping import Array
 
 from ._base import AbstractGradientTransformation, OptState
 from ._combine import Chain, Partition
-from ._hyper import is_hyperparameter_field
+from ._hyper import is_hyperparameter_field, weakly_typed
 from ._wrappers.inject import InjectHyperparams, InjectStatefulHyperparams
 
 
@@ -49,7 +49,10 @@ def current_hyperparams(
     """
     found: list[tuple[tuple[str, ...], Any]] = []
     _collect(transform, state, (), found)
-    return {_key(path, found): jnp.asarray(value) for path, value in found}
+    # As `update` sees them: weakly typed (a constant rests on the host as NumPy).
+    return {
+        _key(path, found): weakly_typed(jnp.asarray(value)) for path, value in found
+    }
 
 
 def _key(path: tuple[str, ...], found: list) -> str:

@@ -3,12 +3,16 @@
 A numeric hyperparameter is a field of a transform or schedule declared as
 
 ```python
-b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
-learning_rate: Float[Array, ""] | Schedule = eqx.field(converter=as_scalar_or_schedule)
+b1: Scalar = eqx.field(default=0.9, converter=as_scalar)
+learning_rate: Scalar | Schedule = eqx.field(converter=as_scalar_or_schedule)
 ```
 
-The converter turns a Python or NumPy number into a weakly-typed JAX scalar (a
-dynamic leaf under `eqx.filter_jit` that does not promote `bfloat16`), and its
+The converter turns a Python, NumPy or concrete JAX number into a NumPy 0-d
+array held in host memory: a dynamic leaf under `eqx.filter_jit` (changing it
+does not recompile) that a step donating all its arguments cannot delete (only
+device buffers are donated). `init` and `update` see every such leaf weakly
+typed ([`weakly_typed`][eqopt._hyper.weakly_typed]), so a hyperparameter never
+promotes a `bfloat16` computation. The converter's
 argument annotation is what type checkers accept in the constructor, so
 `ScaleByAdam(b1=0.9)` is clean under pyright. (pyright reads a converter only
 when it is passed to `eqx.field` itself, which is why there is no wrapper
@@ -28,8 +32,12 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int, Real
 
-#: What a scalar hyperparameter field holds: a (usually weakly-typed) float scalar.
-Scalar: TypeAlias = Float[Array, ""]
+#: What a scalar hyperparameter field holds: a float scalar, a NumPy 0-d array at
+#: rest (host memory, so that donating the optimiser to a step cannot delete it),
+#: a JAX scalar when traced or set by the user.
+Scalar: TypeAlias = Float[Array | np.ndarray, ""]
+#: What an integer hyperparameter field holds (see `Scalar`).
+IntScalar: TypeAlias = Int[Array | np.ndarray, ""]
 #: What a scalar hyperparameter accepts: a Python or NumPy number, or a 0-d array.
 ScalarLike: TypeAlias = float | int | Real[ArrayLike, ""]
 #: A schedule: any callable from the step count to a value (an
@@ -44,18 +52,31 @@ def is_concrete(x: Any) -> bool:
     return eqx.is_array(x) and not isinstance(x, jax.core.Tracer)
 
 
+def _float_dtype() -> np.dtype:
+    # NumPy float64 is exact for a Python float; JAX canonicalises it at the `jit`
+    # boundary (to float32 unless x64 is on), as it does a Python float.
+    return np.dtype(np.float64)
+
+
 def _to_scalar(value: Any) -> Any:
-    # Numbers become weakly-typed float scalars; integers become floats, so that
-    # `sgd(1)` and `sgd(1.0)` are the same optimiser. Anything else is returned
-    # as it is, for `check_fields` to refuse with the field's name.
+    # Numbers become NumPy float scalars (host memory: a step that donates all its
+    # arguments cannot delete them); integers become floats, so that `sgd(1)`
+    # and `sgd(1.0)` are the same optimiser. A concrete JAX array is copied to
+    # the host too; a traced one (a `vmap` sweep, a meta-gradient) is kept.
+    # Anything else is returned as it is, for `check_fields` to refuse with the
+    # field's name.
     if isinstance(value, (bool, np.bool_)):
         return value
     if isinstance(value, (int, float, np.integer, np.floating)):
-        return jnp.asarray(float(value))  # a Python float gives a weakly-typed array
-    if isinstance(value, np.ndarray) or eqx.is_array(value):
-        value = jnp.asarray(value)
+        return np.asarray(float(value), dtype=_float_dtype())
+    if isinstance(value, jax.core.Tracer):
         if jnp.issubdtype(value.dtype, jnp.integer):
             value = value.astype(jnp.result_type(float))
+        return value
+    if isinstance(value, np.ndarray) or eqx.is_array(value):
+        value = np.asarray(value)
+        if np.issubdtype(value.dtype, np.integer):
+            value = value.astype(_float_dtype())
         return value
     return value
 
@@ -63,13 +84,66 @@ def _to_scalar(value: Any) -> Any:
 def as_scalar(value: ScalarLike) -> Scalar:
     """The field converter of a scalar hyperparameter: a number becomes a scalar leaf.
 
-    A Python or NumPy number becomes a weakly-typed JAX scalar (an integer
-    becomes a float), so the field is a dynamic leaf under `eqx.filter_jit`
-    (changing it does not recompile) that does not promote `bfloat16`. Use it as
-    `eqx.field(default=0.9, converter=eqopt.as_scalar)` with the annotation
-    `eqopt.Scalar`; see "Writing your own transform" in the docs.
+    A Python, NumPy or concrete JAX number becomes a NumPy 0-d float array (an
+    integer becomes a float), held in host memory: the field is a dynamic leaf
+    under `eqx.filter_jit` (changing it does not recompile), and a step that
+    donates all its arguments (`eqx.filter_jit(donate="all")`) cannot delete
+    it, as it would a device buffer. A traced value is kept as it is. Inside
+    `init` and `update` the value is weakly typed, so it does not promote
+    `bfloat16`.
+
+    Use it as `eqx.field(default=0.9, converter=eqopt.as_scalar)` with the
+    annotation `eqopt.Scalar` (see "Writing your own transform" in the docs),
+    and to set a new value: `eqx.tree_at(lambda o: o.b1, opt, eqopt.as_scalar(0.95))`.
     """
     return _to_scalar(value)
+
+
+try:  # the one way to mark a traced value weakly typed; not public in JAX
+    from jax._src.lax.lax import _convert_element_type as _convert_element_type
+except ImportError:  # pragma: no cover
+    _convert_element_type = None
+
+
+def weakly_typed(x: Any) -> Any:
+    """A real 0-d leaf as a weakly-typed JAX scalar; anything else as it is.
+
+    Hyperparameters rest in host memory as NumPy scalars (strongly typed) and
+    enter a `jit` as strongly-typed inputs; this is how `init` and `update` see
+    them, so that `b1 * mu` stays `bfloat16` for `bfloat16` moments, as with a
+    Python number. A user's strongly-typed JAX scalar is weakened alike: a
+    hyperparameter never decides a moment's dtype.
+    """
+    if isinstance(x, (np.ndarray, np.generic)):
+        if x.ndim == 0 and x.dtype.kind in "fiu":
+            return jnp.asarray(x.item())
+        return x
+    if (
+        isinstance(x, jax.Array)
+        and x.ndim == 0
+        and not _is_weak(x)
+        and (
+            jnp.issubdtype(x.dtype, jnp.floating)
+            or jnp.issubdtype(x.dtype, jnp.integer)
+        )
+        and _convert_element_type is not None
+    ):
+        return _convert_element_type(x, weak_type=True)
+    return x
+
+
+def _is_weak(x: Any) -> bool:
+    aval = getattr(x, "aval", None)
+    return bool(getattr(aval, "weak_type", False))
+
+
+def weak_hyperparameters(module: Any) -> Any:
+    """`module` with every real 0-d leaf weakly typed (see `weakly_typed`)."""
+    leaves, treedef = jax.tree.flatten(module)
+    weak = [weakly_typed(leaf) for leaf in leaves]
+    if all(a is b for a, b in zip(weak, leaves, strict=True)):
+        return module
+    return jax.tree.unflatten(treedef, weak)
 
 
 def as_optional_scalar(value: ScalarLike | None) -> Scalar | None:
@@ -94,24 +168,34 @@ def as_optional_scalar_or_schedule(
     return _to_scalar(value)
 
 
-def as_int_scalar(value: int | Int[ArrayLike, ""]) -> Int[Array, ""]:
-    """Field converter for an integer hyperparameter that is a dynamic leaf."""
+def as_int_scalar(value: int | Int[ArrayLike, ""]) -> IntScalar:
+    """Field converter for an integer hyperparameter that is a dynamic leaf.
+
+    Like [`eqopt.as_scalar`][], a concrete value is kept in host memory as a
+    NumPy 0-d array; a traced one is kept as it is.
+    """
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
-        return jnp.asarray(int(value))
-    if isinstance(value, np.ndarray):
-        return jnp.asarray(value)
+        return np.asarray(int(value))
+    if isinstance(value, np.ndarray) or (
+        eqx.is_array(value) and not isinstance(value, jax.core.Tracer)
+    ):
+        return np.asarray(value)
     return value  # pyright: ignore[reportReturnType]
 
 
 def as_number(value: Any) -> Any:
-    """A Python or NumPy number as a weakly-typed JAX scalar of its own kind.
+    """A Python, NumPy or concrete JAX number as a NumPy scalar of its own kind.
 
     Unlike `as_scalar`, integers stay integers: `inject_hyperparams` keeps an
-    integer hyperparameter (a number of steps, say) as it was given.
+    integer hyperparameter (a number of steps, say) as it was given. Like it,
+    the value rests in host memory (see `as_scalar`), and `init` and `update`
+    see it weakly typed. A traced value is kept as it is.
     """
+    if isinstance(value, jax.core.Tracer):
+        return value
     if isinstance(value, (np.number, np.bool_)):
         value = value.item()
-    return jnp.asarray(value)
+    return np.asarray(value)
 
 
 # What each converter allows besides a real scalar array.
@@ -157,6 +241,12 @@ def _passes_unchecked(value: Any, schedule_allowed: bool, none_allowed: bool) ->
     return schedule_allowed and callable(value) and not eqx.is_array(value)
 
 
+def _host_value(value: Any) -> Any:
+    # A concrete value as NumPy: checked in Python even while tracing (a `jnp`
+    # function of a NumPy constant is staged out under `jit`).
+    return value if isinstance(value, (np.ndarray, np.generic)) else np.asarray(value)
+
+
 def check_fields(module: eqx.Module) -> None:
     """Checks every hyperparameter field of `module` against what it may hold.
 
@@ -193,7 +283,7 @@ def check_fields(module: eqx.Module) -> None:
                 f"{owner}: hyperparameter `{field.name}` must be {expected}, "
                 f"got {_describe(value)}.{hint}"
             )
-        if is_concrete(value) and not bool(jnp.isfinite(value)):
+        if is_concrete(value) and not bool(np.isfinite(_host_value(value))):
             raise ValueError(
                 f"{owner}: hyperparameter `{field.name}` must be finite, got {value.item()}."
             )

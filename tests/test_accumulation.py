@@ -177,7 +177,7 @@ def test_jit_and_scan_without_retrace():
     state = opt.init(model)
     (model_a, state_a), updated = run(opt, model, state, grads)
     np.testing.assert_array_equal(updated, [False, False, True] * 2)
-    faster = eqx.tree_at(lambda o: o.opt[-1].learning_rate, opt, jnp.asarray(5e-2))
+    faster = eqx.tree_at(lambda o: o.opt[-1].learning_rate, opt, eqopt.as_scalar(5e-2))
     (model_b, _), _ = run(faster, model_a, state_a, grads)
     assert len(traces) == 1
     assert not np.allclose(model_a.w, model_b.w)

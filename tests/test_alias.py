@@ -468,7 +468,7 @@ def test_learning_rate_changed_by_name_without_retrace():
     state = opt.init(params)
     first, _ = step(opt, state)
     faster = eqx.tree_at(
-        lambda o: o.scale_by_learning_rate.learning_rate, opt, jnp.asarray(2e-3)
+        lambda o: o.scale_by_learning_rate.learning_rate, opt, eqopt.as_scalar(2e-3)
     )
     second, _ = step(faster, state)
     assert len(traces) == 1

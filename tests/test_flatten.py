@@ -125,7 +125,7 @@ def test_under_jit_without_retrace():
 
     state = tx.init(model)
     model, state = step(tx, model, state, random_grads(model, 0))
-    slower = eqx.tree_at(lambda t: t.inner[-1].learning_rate, tx, jnp.asarray(1e-3))
+    slower = eqx.tree_at(lambda t: t.inner[-1].learning_rate, tx, eqopt.as_scalar(1e-3))
     step(slower, model, state, random_grads(model, 1))
     assert len(traces) == 1
     assert jax.tree.structure(state) == jax.tree.structure(tx.init(model))

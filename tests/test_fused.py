@@ -140,7 +140,7 @@ def test_packed_no_retrace_and_serialises():
     state = opt.init(packed)
     packed, state = step(opt, packed, state)
     faster = eqx.tree_at(
-        lambda o: o.scale_by_learning_rate.learning_rate, opt, jnp.asarray(3e-2)
+        lambda o: o.scale_by_learning_rate.learning_rate, opt, eqopt.as_scalar(3e-2)
     )
     packed, state = step(faster, packed, state)
     assert len(traces) == 1
@@ -271,7 +271,9 @@ def test_bucketed_state_is_few_buffers_and_jits_without_retrace():
 
     model, state = step(opt, model, state)
     faster = eqx.tree_at(
-        lambda o: o.inner.scale_by_learning_rate.learning_rate, opt, jnp.asarray(3e-2)
+        lambda o: o.inner.scale_by_learning_rate.learning_rate,
+        opt,
+        eqopt.as_scalar(3e-2),
     )
     model, state = step(faster, model, state)
     assert len(traces) == 1

@@ -96,7 +96,7 @@ def test_whole_model_with_none_gradients_jit_and_serialise():
     params, state, updates = step(tx, params, state, grads)
     assert updates.fast.b is None and updates.slow.activation is None
     params, state, _ = step(
-        eqx.tree_at(lambda t: t.slow_step_size, tx, jnp.asarray(0.25)),
+        eqx.tree_at(lambda t: t.slow_step_size, tx, eqopt.as_scalar(0.25)),
         params,
         state,
         grads,

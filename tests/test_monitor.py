@@ -153,6 +153,6 @@ def test_measure_with_ema_jit_no_retrace_on_decay():
         return measure.update(params, state)
 
     value, state = step(measure, measure.init(params))
-    step(eqx.tree_at(lambda m: m.decay, measure, jnp.asarray(0.5)), state)
+    step(eqx.tree_at(lambda m: m.decay, measure, eqopt.as_scalar(0.5)), state)
     assert len(traces) == 1
     np.testing.assert_allclose(value, jnp.sqrt(3.0), rtol=1e-6)

@@ -10,6 +10,7 @@ import optax
 import pytest
 from helpers import assert_tree_allclose
 
+import eqopt
 from eqopt import perturbations
 
 NOISES = [
@@ -130,7 +131,7 @@ def test_sigma_is_a_dynamic_leaf_and_module_inputs():
 
     key = jax.random.PRNGKey(6)
     d_perturbed, d_scorer = grads((perturbed, scorer), key)
-    changed = eqx.tree_at(lambda p: p.sigma, perturbed, jnp.asarray(0.2))
+    changed = eqx.tree_at(lambda p: p.sigma, perturbed, eqopt.as_scalar(0.2))
     grads((changed, scorer), key)
     assert len(traces) == 1  # a new sigma is a new leaf value, not a recompile
     assert jnp.isfinite(d_perturbed.sigma)

@@ -161,7 +161,7 @@ def test_whole_model_per_example_gradients_under_jit():
     state = opt.init(model)
     new_model, state = step(opt, model, state)
     new_model, state = step(
-        eqx.tree_at(lambda o: o[0].noise_multiplier, opt, jnp.asarray(0.1)),
+        eqx.tree_at(lambda o: o[0].noise_multiplier, opt, eqopt.as_scalar(0.1)),
         new_model,
         state,
     )

@@ -142,7 +142,7 @@ def test_jit_step_does_not_retrace_when_learning_rate_changes():
     state = eqopt.TrainState.create(model=_model(), tx=_tx(1e-2))
     state, _ = train_step(state, xs[0], ys[0])
     # A new learning rate of the same (weak float32) type is a new leaf value.
-    state = eqx.tree_at(lambda s: s.tx[1].learning_rate, state, jnp.asarray(0.0))
+    state = eqx.tree_at(lambda s: s.tx[1].learning_rate, state, eqopt.as_scalar(0.0))
     frozen, _ = train_step(state, xs[1], ys[1])
     assert_tree_allclose(
         eqx.filter(frozen.model, eqx.is_array),
@@ -150,7 +150,7 @@ def test_jit_step_does_not_retrace_when_learning_rate_changes():
         rtol=0,
         atol=0,
     )
-    state = eqx.tree_at(lambda s: s.tx[1].learning_rate, frozen, jnp.asarray(1e-3))
+    state = eqx.tree_at(lambda s: s.tx[1].learning_rate, frozen, eqopt.as_scalar(1e-3))
     state, _ = train_step(state, xs[2], ys[2])
     assert len(traces) == 1
     assert int(state.step) == 3

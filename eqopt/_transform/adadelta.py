@@ -4,7 +4,6 @@ from typing import Any, no_type_check
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Float
 
 from .._base import (
     AbstractGradientTransformation,
@@ -16,6 +15,7 @@ from .._base import (
 from .._combine import Chain
 from .._filters import FilterSpec
 from .._hyper import (
+    Scalar,
     ScalarLike,
     ScalarOrSchedule,
     as_scalar,
@@ -63,8 +63,8 @@ class ScaleByAdadelta(AbstractGradientTransformation):
     arXiv:1212.5701, 2012.
     """
 
-    rho: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=1e-6, converter=as_scalar)
+    rho: Scalar = eqx.field(default=0.9, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-6, converter=as_scalar)
 
     @property
     def elementwise(self) -> bool:

@@ -5,7 +5,7 @@ from typing import Any, no_type_check
 import equinox as eqx
 import jax.numpy as jnp
 from jax.typing import DTypeLike
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Int
 
 from .._base import (
     AbstractGradientTransformation,
@@ -15,7 +15,7 @@ from .._base import (
     leafwise,
     zeros_like_trainable,
 )
-from .._hyper import ScalarLike, as_scalar, check_decays, check_hyperparameter
+from .._hyper import Scalar, ScalarLike, as_scalar, check_decays, check_hyperparameter
 from .._numerics import abs_squared, debias, safe_int32_increment
 from .._quantize import (
     MomentDType,
@@ -97,10 +97,10 @@ class ScaleByAdam(AbstractGradientTransformation):
     workshop.
     """
 
-    b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
-    b2: Float[Array, ""] = eqx.field(default=0.999, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
-    eps_root: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
+    b1: Scalar = eqx.field(default=0.9, converter=as_scalar)
+    b2: Scalar = eqx.field(default=0.999, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-8, converter=as_scalar)
+    eps_root: Scalar = eqx.field(default=0.0, converter=as_scalar)
     mu_dtype: MomentDType = eqx.field(default=None, static=True)
     nu_dtype: MomentDType = eqx.field(default=None, static=True)
     nesterov: bool = eqx.field(default=False, static=True)
@@ -212,10 +212,10 @@ class ScaleByAmsgrad(AbstractGradientTransformation):
     ICLR 2018.
     """
 
-    b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
-    b2: Float[Array, ""] = eqx.field(default=0.999, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
-    eps_root: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
+    b1: Scalar = eqx.field(default=0.9, converter=as_scalar)
+    b2: Scalar = eqx.field(default=0.999, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-8, converter=as_scalar)
+    eps_root: Scalar = eqx.field(default=0.0, converter=as_scalar)
     mu_dtype: DTypeLike | None = eqx.field(default=None, static=True)
     bias_correction_mu: bool = eqx.field(default=True, static=True)
     bias_correction_nu: bool = eqx.field(default=True, static=True)
@@ -312,9 +312,9 @@ class ScaleByAdamax(AbstractGradientTransformation):
     ICLR 2015, §7.1.
     """
 
-    b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
-    b2: Float[Array, ""] = eqx.field(default=0.999, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
+    b1: Scalar = eqx.field(default=0.9, converter=as_scalar)
+    b2: Scalar = eqx.field(default=0.999, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-8, converter=as_scalar)
 
     @property
     def elementwise(self) -> bool:

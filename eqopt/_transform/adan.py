@@ -4,7 +4,7 @@ from typing import Any, no_type_check
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Int
 
 from .._base import (
     AbstractGradientTransformation,
@@ -17,6 +17,7 @@ from .._base import (
 from .._combine import Chain
 from .._filters import FilterSpec
 from .._hyper import (
+    Scalar,
     ScalarLike,
     ScalarOrSchedule,
     as_scalar,
@@ -80,11 +81,11 @@ class ScaleByAdan(AbstractGradientTransformation):
     (IEEE TPAMI 2024).
     """
 
-    b1: Float[Array, ""] = eqx.field(default=0.98, converter=as_scalar)
-    b2: Float[Array, ""] = eqx.field(default=0.92, converter=as_scalar)
-    b3: Float[Array, ""] = eqx.field(default=0.99, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
-    eps_root: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
+    b1: Scalar = eqx.field(default=0.98, converter=as_scalar)
+    b2: Scalar = eqx.field(default=0.92, converter=as_scalar)
+    b3: Scalar = eqx.field(default=0.99, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-8, converter=as_scalar)
+    eps_root: Scalar = eqx.field(default=0.0, converter=as_scalar)
 
     @property
     def elementwise(self) -> bool:

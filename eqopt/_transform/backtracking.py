@@ -16,6 +16,8 @@ from .._base import (
     Updates,
 )
 from .._hyper import (
+    IntScalar,
+    Scalar,
     ScalarLike,
     as_int_scalar,
     as_scalar,
@@ -122,15 +124,13 @@ class ScaleByBacktrackingLinesearch(AbstractGradientTransformation):
     Rates*, NeurIPS 2019.
     """
 
-    max_backtracking_steps: Int[Array, ""] = eqx.field(converter=as_int_scalar)
-    slope_rtol: Float[Array, ""] = eqx.field(default=1e-4, converter=as_scalar)
-    decrease_factor: Float[Array, ""] = eqx.field(default=0.8, converter=as_scalar)
-    increase_factor: Float[Array, ""] = eqx.field(
-        default=1.5, converter=as_scalar_or_infinity
-    )
-    max_learning_rate: Float[Array, ""] = eqx.field(default=1.0, converter=as_scalar)
-    atol: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
-    rtol: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
+    max_backtracking_steps: IntScalar = eqx.field(converter=as_int_scalar)
+    slope_rtol: Scalar = eqx.field(default=1e-4, converter=as_scalar)
+    decrease_factor: Scalar = eqx.field(default=0.8, converter=as_scalar)
+    increase_factor: Scalar = eqx.field(default=1.5, converter=as_scalar_or_infinity)
+    max_learning_rate: Scalar = eqx.field(default=1.0, converter=as_scalar)
+    atol: Scalar = eqx.field(default=0.0, converter=as_scalar)
+    rtol: Scalar = eqx.field(default=0.0, converter=as_scalar)
     store_grad: bool = eqx.field(default=False, static=True)
     verbose: bool = eqx.field(default=False, static=True)
 

@@ -6,7 +6,7 @@ from typing import Any, no_type_check
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float
+from jaxtyping import Array
 
 from .._base import (
     AbstractGradientTransformation,
@@ -215,7 +215,7 @@ class Scale(AbstractGradientTransformation):
     - `step_size`: $\alpha$, a number (a dynamic leaf).
     """
 
-    step_size: Float[Array, ""] = eqx.field(converter=as_scalar)
+    step_size: Scalar = eqx.field(converter=as_scalar)
 
     @property
     def elementwise(self) -> bool:

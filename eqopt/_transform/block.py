@@ -22,7 +22,7 @@ from .._base import (
     path_str,
     require_params,
 )
-from .._hyper import as_scalar, check_hyperparameter
+from .._hyper import Scalar, as_scalar, check_hyperparameter
 from .._numerics import abs_squared, tree_l2_norm
 
 # ---------------------------------------------------------------------------
@@ -107,7 +107,7 @@ class ScaleByParamBlockNorm(_AbstractScaleByParamBlock):
     Sublinear Memory Cost*, ICML 2018 (relative step sizes, §8).
     """
 
-    min_scale: Float[Array, ""] = eqx.field(default=1e-3, converter=as_scalar)
+    min_scale: Scalar = eqx.field(default=1e-3, converter=as_scalar)
 
     _measure: ClassVar[Callable[[Any, Any], Any]] = staticmethod(floored_norm)
     _name: ClassVar[str] = "scale_by_param_block_norm"
@@ -135,7 +135,7 @@ class ScaleByParamBlockRms(_AbstractScaleByParamBlock):
     Sublinear Memory Cost*, ICML 2018, §8.
     """
 
-    min_scale: Float[Array, ""] = eqx.field(default=1e-3, converter=as_scalar)
+    min_scale: Scalar = eqx.field(default=1e-3, converter=as_scalar)
 
     _measure: ClassVar[Callable[[Any, Any], Any]] = staticmethod(floored_rms)
     _name: ClassVar[str] = "scale_by_param_block_rms"
@@ -167,7 +167,7 @@ class ClipByBlockRms(AbstractGradientTransformation):
     Sublinear Memory Cost*, ICML 2018, §6.
     """
 
-    threshold: Float[Array, ""] = eqx.field(converter=as_scalar)
+    threshold: Scalar = eqx.field(converter=as_scalar)
 
     @property
     def elementwise(self) -> bool:
@@ -286,8 +286,8 @@ class AdaptiveGradClip(AbstractGradientTransformation):
     Image Recognition Without Normalization*, ICML 2021.
     """
 
-    clipping: Float[Array, ""] = eqx.field(converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=1e-3, converter=as_scalar)
+    clipping: Scalar = eqx.field(converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-3, converter=as_scalar)
     axis: int | tuple[int, ...] | None = eqx.field(
         default=None, static=True, converter=_as_axes
     )
@@ -360,8 +360,8 @@ class NormalizeByUpdateNorm(AbstractGradientTransformation):
     Quasi-Convex Optimization*, NeurIPS 2015.
     """
 
-    scale_factor: Float[Array, ""] = eqx.field(default=1.0, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=1e-6, converter=as_scalar)
+    scale_factor: Scalar = eqx.field(default=1.0, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-6, converter=as_scalar)
 
     @property
     def elementwise(self) -> bool:

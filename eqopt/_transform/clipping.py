@@ -4,7 +4,6 @@ from typing import Any, no_type_check
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Float
 
 from .._base import (
     AbstractGradientTransformation,
@@ -13,7 +12,7 @@ from .._base import (
     Updates,
     leafwise,
 )
-from .._hyper import ScalarLike, as_scalar, check_hyperparameter
+from .._hyper import Scalar, ScalarLike, as_scalar, check_hyperparameter
 from .._numerics import tree_l2_norm
 
 
@@ -27,7 +26,7 @@ class Clip(AbstractGradientTransformation):
     - `max_delta`: $\delta \ge 0$.
     """
 
-    max_delta: Float[Array, ""] = eqx.field(converter=as_scalar)
+    max_delta: Scalar = eqx.field(converter=as_scalar)
 
     @property
     def elementwise(self) -> bool:
@@ -78,7 +77,7 @@ class ClipByGlobalNorm(AbstractGradientTransformation):
     recurrent neural networks*, ICML 2013.
     """
 
-    max_norm: Float[Array, ""] = eqx.field(converter=as_scalar)
+    max_norm: Scalar = eqx.field(converter=as_scalar)
 
     @property
     def elementwise(self) -> bool:

@@ -6,7 +6,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.typing import DTypeLike
-from jaxtyping import Array, Float
 
 from .._base import (
     AbstractGradientTransformation,
@@ -16,7 +15,7 @@ from .._base import (
     path_str,
     require_params,
 )
-from .._hyper import ScalarLike, as_scalar, check_hyperparameter
+from .._hyper import Scalar, ScalarLike, as_scalar, check_hyperparameter
 from .._numerics import abs_squared
 from ._layerwise import layerwise, map_trainable
 
@@ -92,10 +91,10 @@ class ScaleByDistanceOverGradients(AbstractGradientTransformation):
     Parameter-Free Dynamic Step Size Schedule*, ICML 2023.
     """
 
-    reps_rel: Float[Array, ""] = eqx.field(default=1e-6, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
+    reps_rel: Scalar = eqx.field(default=1e-6, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-8, converter=as_scalar)
     param_dtype: DTypeLike = eqx.field(default=jnp.float32, static=True)
-    global_scale: Float[Array, ""] = eqx.field(default=1.0, converter=as_scalar)
+    global_scale: Scalar = eqx.field(default=1.0, converter=as_scalar)
 
     @property
     def elementwise(self) -> bool:

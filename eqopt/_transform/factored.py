@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import DTypeLike
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Int
 
 from .._base import (
     AbstractGradientTransformation,
@@ -21,6 +21,7 @@ from .._base import (
 from .._combine import Chain
 from .._filters import FilterSpec
 from .._hyper import (
+    Scalar,
     ScalarLike,
     ScalarOrSchedule,
     as_scalar,
@@ -128,10 +129,10 @@ class ScaleByFactoredRms(AbstractGradientTransformation):
     """
 
     factored: bool = eqx.field(default=True, static=True)
-    decay_rate: Float[Array, ""] = eqx.field(default=0.8, converter=as_scalar)
-    step_offset: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
+    decay_rate: Scalar = eqx.field(default=0.8, converter=as_scalar)
+    step_offset: Scalar = eqx.field(default=0.0, converter=as_scalar)
     min_dim_size_to_factor: int = eqx.field(default=128, static=True)
-    epsilon: Float[Array, ""] = eqx.field(default=1e-30, converter=as_scalar)
+    epsilon: Scalar = eqx.field(default=1e-30, converter=as_scalar)
     decay_rate_fn: Callable[[Any, Any], Any] = _decay_rate_pow
 
     @property

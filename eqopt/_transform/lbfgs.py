@@ -156,10 +156,14 @@ class ScaleByLBFGS(AbstractGradientTransformation):
         memory = _map(lambda p: _sharding.stacked_zeros(self.memory_size, p), zeros)
         return ScaleByLBFGSState(
             count=jnp.zeros([], jnp.int32),
+            # Separate buffers for each field: a step that donates the state
+            # cannot take one buffer twice.
             params=zeros,
-            updates=zeros,
+            updates=zeros_like_trainable(params),
             diff_params_memory=memory,
-            diff_updates_memory=memory,
+            diff_updates_memory=_map(
+                lambda p: _sharding.stacked_zeros(self.memory_size, p), zeros
+            ),
             weights_memory=jnp.zeros([self.memory_size], _real_dtype()),
         )
 

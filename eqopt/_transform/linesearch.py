@@ -17,6 +17,7 @@ from .._base import (
     is_none,
 )
 from .._hyper import (
+    IntScalar,
     Scalar,
     ScalarLike,
     as_int_scalar,
@@ -215,20 +216,18 @@ class ScaleByZoomLinesearch(AbstractGradientTransformation):
     Gradient Method with Guaranteed Descent*, ACM TOMS 2006.
     """
 
-    max_linesearch_steps: Int[Array, ""] = eqx.field(converter=as_int_scalar)
+    max_linesearch_steps: IntScalar = eqx.field(converter=as_int_scalar)
     max_learning_rate: Scalar | None = eqx.field(
         default=None, converter=as_optional_scalar
     )
-    tol: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
-    increase_factor: Float[Array, ""] = eqx.field(default=2.0, converter=as_scalar)
-    slope_rtol: Float[Array, ""] = eqx.field(default=1e-4, converter=as_scalar)
-    curv_rtol: Float[Array, ""] = eqx.field(
-        default=0.9, converter=as_scalar_or_infinity
-    )
+    tol: Scalar = eqx.field(default=0.0, converter=as_scalar)
+    increase_factor: Scalar = eqx.field(default=2.0, converter=as_scalar)
+    slope_rtol: Scalar = eqx.field(default=1e-4, converter=as_scalar)
+    curv_rtol: Scalar = eqx.field(default=0.9, converter=as_scalar_or_infinity)
     approx_dec_rtol: Scalar | None = eqx.field(
         default=1e-6, converter=as_optional_scalar
     )
-    stepsize_precision: Float[Array, ""] = eqx.field(default=1e-5, converter=as_scalar)
+    stepsize_precision: Scalar = eqx.field(default=1e-5, converter=as_scalar)
     initial_guess_strategy: str = eqx.field(default="keep", static=True)
     verbose: bool = eqx.field(default=False, static=True)
 

@@ -5,7 +5,7 @@ from typing import Any, no_type_check
 import equinox as eqx
 import jax.numpy as jnp
 from jax.typing import DTypeLike
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Int
 
 from .._base import (
     AbstractGradientTransformation,
@@ -14,7 +14,7 @@ from .._base import (
     leafwise,
     zeros_like_trainable,
 )
-from .._hyper import ScalarLike, as_scalar, check_decays, check_hyperparameter
+from .._hyper import Scalar, ScalarLike, as_scalar, check_decays, check_hyperparameter
 from .._numerics import debias, safe_int32_increment
 
 
@@ -41,7 +41,7 @@ class Trace(AbstractGradientTransformation):
     initialization and momentum in deep learning*, ICML 2013.
     """
 
-    decay: Float[Array, ""] = eqx.field(converter=as_scalar)
+    decay: Scalar = eqx.field(converter=as_scalar)
     nesterov: bool = eqx.field(default=False, static=True)
     accumulator_dtype: DTypeLike | None = eqx.field(default=None, static=True)
 
@@ -103,7 +103,7 @@ class Ema(AbstractGradientTransformation):
     - `accumulator_dtype`: dtype to store the average in (default: the params').
     """
 
-    decay: Float[Array, ""] = eqx.field(converter=as_scalar)
+    decay: Scalar = eqx.field(converter=as_scalar)
     debias: bool = eqx.field(default=True, static=True)
     accumulator_dtype: DTypeLike | None = eqx.field(default=None, static=True)
 

@@ -6,11 +6,17 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float, Int, Integer, Key, UInt32
+from jaxtyping import Array, ArrayLike, Int, Integer, Key, UInt32
 
 from .._base import AbstractGradientTransformation, Params, Updates, is_none
 from .._combine import Chain
-from .._hyper import ScalarLike, ScalarOrSchedule, as_scalar, check_hyperparameter
+from .._hyper import (
+    Scalar,
+    ScalarLike,
+    ScalarOrSchedule,
+    as_scalar,
+    check_hyperparameter,
+)
 from .._numerics import safe_int32_increment
 from .basic import ScaleByLearningRate
 
@@ -22,7 +28,13 @@ KeyLike: TypeAlias = (
 
 
 @no_type_check
-def _key_data_and_impl(key: Any) -> tuple[Array, str | None]:
+def _on_host(data: Any) -> Any:
+    # Like a hyperparameter, the key rests in host memory (NumPy): a step that
+    # donates all its arguments cannot delete it. A traced key stays traced.
+    return data if isinstance(data, jax.core.Tracer) else np.asarray(data)
+
+
+def _key_data_and_impl(key: Any) -> tuple[Array | np.ndarray, str | None]:
     """Splits a key into its raw `uint32` data and the name of its PRNG implementation.
 
     Accepts an integer seed, a typed key (`jax.random.key`) or a raw key
@@ -37,9 +49,9 @@ def _key_data_and_impl(key: Any) -> tuple[Array, str | None]:
             raise ValueError(
                 f"`key` must be a single PRNG key, got an array of shape {key.shape}."
             )
-        return jax.random.key_data(key), str(jax.random.key_impl(key))
+        return _on_host(jax.random.key_data(key)), str(jax.random.key_impl(key))
     if eqx.is_array(key) and key.dtype == jnp.uint32 and key.ndim == 1:
-        return key, None
+        return _on_host(key), None
     if eqx.is_array(key) and key.ndim == 0 and jnp.issubdtype(key.dtype, jnp.integer):
         return _key_data_and_impl(int(key))
     raise TypeError(
@@ -85,9 +97,9 @@ class AddNoise(AbstractGradientTransformation):
     for Very Deep Networks*, arXiv:1511.06807, 2015.
     """
 
-    eta: Float[Array, ""] = eqx.field(converter=as_scalar)
-    gamma: Float[Array, ""] = eqx.field(converter=as_scalar)
-    key: UInt32[Array, " key_data"]
+    eta: Scalar = eqx.field(converter=as_scalar)
+    gamma: Scalar = eqx.field(converter=as_scalar)
+    key: UInt32[Array | np.ndarray, " key_data"]
     key_impl: str | None = eqx.field(static=True)
 
     @property
@@ -109,7 +121,9 @@ class AddNoise(AbstractGradientTransformation):
         return jax.random.wrap_key_data(data, impl=self.key_impl)
 
     def init(self, params: Params) -> AddNoiseState:
-        return AddNoiseState(count=jnp.zeros([], jnp.int32), rng_key=self.key)
+        return AddNoiseState(
+            count=jnp.zeros([], jnp.int32), rng_key=jnp.array(self.key)
+        )
 
     def update(
         self,

@@ -6,7 +6,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.typing import DTypeLike
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Int
 
 from .._base import (
     AbstractGradientTransformation,
@@ -17,6 +17,7 @@ from .._base import (
 )
 from .._combine import Chain
 from .._hyper import (
+    Scalar,
     ScalarLike,
     ScalarOrSchedule,
     as_scalar,
@@ -81,11 +82,11 @@ class ScaleByNovograd(AbstractGradientTransformation):
     Adaptive Moments for Training of Deep Networks*, arXiv:1905.11286, 2019.
     """
 
-    b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
-    b2: Float[Array, ""] = eqx.field(default=0.25, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
-    eps_root: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
-    weight_decay: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
+    b1: Scalar = eqx.field(default=0.9, converter=as_scalar)
+    b2: Scalar = eqx.field(default=0.25, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-8, converter=as_scalar)
+    eps_root: Scalar = eqx.field(default=0.0, converter=as_scalar)
+    weight_decay: Scalar = eqx.field(default=0.0, converter=as_scalar)
     mu_dtype: DTypeLike | None = eqx.field(default=None, static=True)
 
     @property

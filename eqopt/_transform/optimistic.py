@@ -4,7 +4,7 @@ from typing import Any, no_type_check
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float
+from jaxtyping import Array, Bool
 
 from .._base import (
     AbstractGradientTransformation,
@@ -15,7 +15,13 @@ from .._base import (
 )
 from .._combine import Chain
 from .._deprecation import deprecated
-from .._hyper import ScalarLike, ScalarOrSchedule, as_scalar, check_hyperparameter
+from .._hyper import (
+    Scalar,
+    ScalarLike,
+    ScalarOrSchedule,
+    as_scalar,
+    check_hyperparameter,
+)
 from .._quantize import MomentDType
 from .adam import ScaleByAdam
 from .basic import Scale, ScaleByLearningRate
@@ -54,8 +60,8 @@ class ScaleByOptimisticGradient(AbstractGradientTransformation):
     Problems: Proximal Point Approach*, AISTATS 2020.
     """
 
-    alpha: Float[Array, ""] = eqx.field(default=1.0, converter=as_scalar)
-    beta: Float[Array, ""] = eqx.field(default=1.0, converter=as_scalar)
+    alpha: Scalar = eqx.field(default=1.0, converter=as_scalar)
+    beta: Scalar = eqx.field(default=1.0, converter=as_scalar)
 
     @property
     def elementwise(self) -> bool:

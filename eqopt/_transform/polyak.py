@@ -4,7 +4,7 @@ from typing import Any, Literal, no_type_check
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, ArrayLike, Float, Real
+from jaxtyping import ArrayLike, Real
 
 from .._base import (
     AbstractGradientTransformation,
@@ -14,7 +14,13 @@ from .._base import (
     leafwise,
 )
 from .._combine import Chain
-from .._hyper import ScalarLike, ScalarOrSchedule, as_scalar, check_hyperparameter
+from .._hyper import (
+    Scalar,
+    ScalarLike,
+    ScalarOrSchedule,
+    as_scalar,
+    check_hyperparameter,
+)
 from .._numerics import tree_l2_norm
 from .basic import Identity, ScaleByLearningRate
 
@@ -64,9 +70,9 @@ class ScaleByPolyak(AbstractGradientTransformation):
     ERM*, arXiv:2307.14528, 2023 (SPS+).
     """
 
-    f_min: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
-    max_learning_rate: Float[Array, ""] = eqx.field(default=1.0, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
+    f_min: Scalar = eqx.field(default=0.0, converter=as_scalar)
+    max_learning_rate: Scalar = eqx.field(default=1.0, converter=as_scalar)
+    eps: Scalar = eqx.field(default=0.0, converter=as_scalar)
     variant: Literal["sps", "sps+"] = eqx.field(default="sps", static=True)
 
     # The step size reads only the updates and the value, so `params` (of any

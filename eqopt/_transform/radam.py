@@ -4,7 +4,6 @@ from typing import Any, no_type_check
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Float
 
 from .._base import (
     AbstractGradientTransformation,
@@ -16,6 +15,7 @@ from .._base import (
 )
 from .._combine import Chain
 from .._hyper import (
+    Scalar,
     ScalarLike,
     ScalarOrSchedule,
     as_scalar,
@@ -72,11 +72,11 @@ class ScaleByRadam(AbstractGradientTransformation):
     the Adaptive Learning Rate and Beyond*, ICLR 2020.
     """
 
-    b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
-    b2: Float[Array, ""] = eqx.field(default=0.999, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
-    eps_root: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
-    threshold: Float[Array, ""] = eqx.field(default=5.0, converter=as_scalar)
+    b1: Scalar = eqx.field(default=0.9, converter=as_scalar)
+    b2: Scalar = eqx.field(default=0.999, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-8, converter=as_scalar)
+    eps_root: Scalar = eqx.field(default=0.0, converter=as_scalar)
+    threshold: Scalar = eqx.field(default=5.0, converter=as_scalar)
     nesterov: bool = eqx.field(default=False, static=True)
 
     @property

@@ -5,7 +5,7 @@ from typing import Any, no_type_check
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Int
 
 from .._base import (
     AbstractGradientTransformation,
@@ -15,7 +15,7 @@ from .._base import (
     leafwise,
     zeros_like_trainable,
 )
-from .._hyper import ScalarLike, as_scalar, check_decays, check_hyperparameter
+from .._hyper import Scalar, ScalarLike, as_scalar, check_decays, check_hyperparameter
 from .._numerics import abs_squared, debias, safe_int32_increment
 from .._quantize import MomentDType, any_quantized, moment_like
 
@@ -75,9 +75,9 @@ class ScaleByRms(AbstractGradientTransformation):
     Networks for Machine Learning, 2012.
     """
 
-    decay: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
-    initial_scale: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
+    decay: Scalar = eqx.field(default=0.9, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-8, converter=as_scalar)
+    initial_scale: Scalar = eqx.field(default=0.0, converter=as_scalar)
     eps_in_sqrt: bool = eqx.field(default=True, static=True)
     bias_correction: bool = eqx.field(default=False, static=True)
     nu_dtype: MomentDType = eqx.field(default=None, static=True)
@@ -185,9 +185,9 @@ class ScaleByStddev(AbstractGradientTransformation):
     RMSProp (2012).
     """
 
-    decay: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
-    initial_scale: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
+    decay: Scalar = eqx.field(default=0.9, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-8, converter=as_scalar)
+    initial_scale: Scalar = eqx.field(default=0.0, converter=as_scalar)
     eps_in_sqrt: bool = eqx.field(default=True, static=True)
     bias_correction: bool = eqx.field(default=False, static=True)
 
@@ -278,10 +278,8 @@ class ScaleByRss(AbstractGradientTransformation):
     Online Learning and Stochastic Optimization*, JMLR 12, 2011.
     """
 
-    initial_accumulator_value: Float[Array, ""] = eqx.field(
-        default=0.1, converter=as_scalar
-    )
-    eps: Float[Array, ""] = eqx.field(default=1e-7, converter=as_scalar)
+    initial_accumulator_value: Scalar = eqx.field(default=0.1, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-7, converter=as_scalar)
 
     @property
     def elementwise(self) -> bool:

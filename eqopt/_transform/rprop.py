@@ -4,7 +4,6 @@ from typing import Any, no_type_check
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Float
 
 from .._base import (
     AbstractGradientTransformation,
@@ -14,7 +13,7 @@ from .._base import (
     zeros_like_trainable,
 )
 from .._combine import Chain
-from .._hyper import ScalarLike, as_scalar, check_hyperparameter
+from .._hyper import Scalar, ScalarLike, as_scalar, check_hyperparameter
 from ._layerwise import check_real, map_trainable
 from .basic import Scale
 
@@ -70,11 +69,11 @@ class ScaleByRprop(AbstractGradientTransformation):
     Hüsken, *Improving the Rprop Learning Algorithm*, NC 2000 (iRprop$^-$).
     """
 
-    learning_rate: Float[Array, ""] = eqx.field(converter=as_scalar)
-    eta_minus: Float[Array, ""] = eqx.field(default=0.5, converter=as_scalar)
-    eta_plus: Float[Array, ""] = eqx.field(default=1.2, converter=as_scalar)
-    min_step_size: Float[Array, ""] = eqx.field(default=1e-6, converter=as_scalar)
-    max_step_size: Float[Array, ""] = eqx.field(default=50.0, converter=as_scalar)
+    learning_rate: Scalar = eqx.field(converter=as_scalar)
+    eta_minus: Scalar = eqx.field(default=0.5, converter=as_scalar)
+    eta_plus: Scalar = eqx.field(default=1.2, converter=as_scalar)
+    min_step_size: Scalar = eqx.field(default=1e-6, converter=as_scalar)
+    max_step_size: Scalar = eqx.field(default=50.0, converter=as_scalar)
 
     @property
     def elementwise(self) -> bool:

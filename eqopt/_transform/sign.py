@@ -5,7 +5,7 @@ from typing import Any, Literal, no_type_check
 import equinox as eqx
 import jax.numpy as jnp
 from jax.typing import DTypeLike
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Int
 
 from .._base import (
     AbstractGradientTransformation,
@@ -18,6 +18,7 @@ from .._base import (
 from .._combine import Chain
 from .._filters import FilterSpec
 from .._hyper import (
+    Scalar,
     ScalarLike,
     ScalarOrSchedule,
     as_scalar,
@@ -119,11 +120,11 @@ class ScaleByLion(AbstractGradientTransformation):
     NeurIPS 2023.
     """
 
-    b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
-    b2: Float[Array, ""] = eqx.field(default=0.99, converter=as_scalar)
+    b1: Scalar = eqx.field(default=0.9, converter=as_scalar)
+    b2: Scalar = eqx.field(default=0.99, converter=as_scalar)
     mu_dtype: MomentDType = eqx.field(default=None, static=True)
     mode: Literal["hard", "smooth", "refined"] = eqx.field(default="hard", static=True)
-    smooth_beta: Float[Array, ""] = eqx.field(default=1.0, converter=as_scalar)
+    smooth_beta: Scalar = eqx.field(default=1.0, converter=as_scalar)
 
     @property
     def elementwise(self) -> bool:

@@ -4,7 +4,6 @@ from typing import Any, no_type_check
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Float
 
 from .._base import (
     AbstractGradientTransformation,
@@ -14,12 +13,7 @@ from .._base import (
     zeros_like_trainable,
 )
 from .._combine import Chain
-from .._hyper import (
-    ScalarLike,
-    as_scalar,
-    check_decays,
-    check_hyperparameter,
-)
+from .._hyper import Scalar, ScalarLike, as_scalar, check_decays, check_hyperparameter
 from .._numerics import abs_squared
 from ._layerwise import layerwise, map_trainable, real_dtype
 from .basic import ScaleByLearningRate
@@ -84,9 +78,9 @@ class ScaleBySM3(AbstractGradientTransformation):
     Optimization*, NeurIPS 2019.
     """
 
-    b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
-    b2: Float[Array, ""] = eqx.field(default=1.0, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
+    b1: Scalar = eqx.field(default=0.9, converter=as_scalar)
+    b2: Scalar = eqx.field(default=1.0, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-8, converter=as_scalar)
 
     @property
     def elementwise(self) -> bool:

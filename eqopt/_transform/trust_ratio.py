@@ -17,7 +17,13 @@ from .._base import (
 )
 from .._combine import Chain
 from .._filters import FilterSpec
-from .._hyper import ScalarLike, ScalarOrSchedule, as_scalar, check_hyperparameter
+from .._hyper import (
+    Scalar,
+    ScalarLike,
+    ScalarOrSchedule,
+    as_scalar,
+    check_hyperparameter,
+)
 from ..schedules._base import AbstractSchedule
 from .adam import ScaleByAdam
 from .basic import ScaleByLearningRate
@@ -49,9 +55,9 @@ class ScaleByTrustRatio(AbstractGradientTransformation):
     Optimization for Deep Learning: Training BERT in 76 minutes*, ICLR 2020.
     """
 
-    min_norm: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
-    trust_coefficient: Float[Array, ""] = eqx.field(default=1.0, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
+    min_norm: Scalar = eqx.field(default=0.0, converter=as_scalar)
+    trust_coefficient: Scalar = eqx.field(default=1.0, converter=as_scalar)
+    eps: Scalar = eqx.field(default=0.0, converter=as_scalar)
 
     @property
     def elementwise(self) -> bool:

@@ -4,7 +4,6 @@ from typing import Any, no_type_check
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Float
 
 from .._base import (
     AbstractGradientTransformation,
@@ -15,6 +14,7 @@ from .._base import (
 )
 from .._combine import Chain
 from .._hyper import (
+    Scalar,
     ScalarLike,
     ScalarOrSchedule,
     as_scalar,
@@ -58,13 +58,11 @@ class ScaleByYogi(AbstractGradientTransformation):
     Nonconvex Optimization*, NeurIPS 2018.
     """
 
-    b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
-    b2: Float[Array, ""] = eqx.field(default=0.999, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=1e-3, converter=as_scalar)
-    eps_root: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
-    initial_accumulator_value: Float[Array, ""] = eqx.field(
-        default=1e-6, converter=as_scalar
-    )
+    b1: Scalar = eqx.field(default=0.9, converter=as_scalar)
+    b2: Scalar = eqx.field(default=0.999, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-3, converter=as_scalar)
+    eps_root: Scalar = eqx.field(default=0.0, converter=as_scalar)
+    initial_accumulator_value: Scalar = eqx.field(default=1e-6, converter=as_scalar)
 
     @property
     def elementwise(self) -> bool:

@@ -136,9 +136,12 @@ def _sort_arguments(
     static: frozenset[str],
     *,
     allow_stateful: bool,
-) -> tuple[dict[str, Array], dict[str, Schedule], dict[str, Any]]:
-    """Splits the arguments into numeric hyperparameters, schedules and the rest."""
-    hyperparams, schedules, other_args = {}, {}, {}
+) -> tuple[
+    dict[str, Array | np.ndarray], dict[str, Schedule], dict[str, Any], dict[str, str]
+]:
+    """Splits the arguments into numeric hyperparameters, schedules and the rest,
+    with the dtype of each hyperparameter given as a strongly-typed JAX array."""
+    hyperparams, schedules, other_args, strong = {}, {}, {}, {}
     parameters = signature.parameters
     for name, value in arguments.items():
         parameter = parameters.get(name)
@@ -159,6 +162,8 @@ def _sort_arguments(
         elif callable(value):
             schedules[name] = value
         elif is_numeric(value):
+            if isinstance(value, jax.Array) and not value.weak_type:
+                strong[name] = value.dtype.name
             hyperparams[name] = as_number(value)
         else:
             default = (
@@ -173,7 +178,7 @@ def _sort_arguments(
                     "`static_args` if it is meant to be passed through unchanged.)"
                 )
             other_args[name] = value
-    return hyperparams, schedules, other_args
+    return hyperparams, schedules, other_args, strong
 
 
 def sorted_arguments(
@@ -183,7 +188,9 @@ def sorted_arguments(
     static_args: str | Iterable[str],
     *,
     allow_stateful: bool,
-) -> tuple[dict[str, Array], dict[str, Schedule], dict[str, Any]]:
+) -> tuple[
+    dict[str, Array | np.ndarray], dict[str, Schedule], dict[str, Any], dict[str, str]
+]:
     """Binds the factory's arguments and sorts them into hyperparameters, schedules and the rest."""
     signature = factory_signature(factory)
     static = static_names(static_args)

@@ -22,7 +22,13 @@ from .._base import (
     leafwise,
     zeros_like_trainable,
 )
-from .._hyper import Schedule, as_int_scalar, check_hyperparameter, is_concrete
+from .._hyper import (
+    IntScalar,
+    Schedule,
+    as_int_scalar,
+    check_hyperparameter,
+    is_concrete,
+)
 from .._interop import as_transform
 from .._numerics import safe_int32_increment
 from ._control import cast_like, filter_cond, zeros_like_output
@@ -390,7 +396,7 @@ class ApplyEvery(AbstractGradientTransformation):
         ```
     """
 
-    k: Int[Array, ""] = eqx.field(default=1, converter=as_int_scalar)
+    k: IntScalar = eqx.field(default=1, converter=as_int_scalar)
 
     def __check_init__(self):
         check_hyperparameter("k", self.k, low=1)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Int, PyTree, Real
 
 from .._base import AbstractGradientTransformation, Params, Updates
-from .._hyper import as_int_scalar, check_hyperparameter
+from .._hyper import IntScalar, as_int_scalar, check_hyperparameter
 from .._interop import as_transform
 from .._numerics import abs_squared, safe_int32_increment
 from ._control import select, zeros_like_output
@@ -77,7 +77,7 @@ class ApplyIfFinite(AbstractGradientTransformation):
     """
 
     inner: AbstractGradientTransformation
-    max_consecutive_errors: Int[Array, ""] = eqx.field(converter=as_int_scalar)
+    max_consecutive_errors: IntScalar = eqx.field(converter=as_int_scalar)
 
     def __init__(self, inner: Any, max_consecutive_errors: int | Int[Array, ""]):
         self.inner = as_transform(inner)

@@ -14,6 +14,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import DTypeLike
 from jaxtyping import Array, Int
 
@@ -25,7 +26,7 @@ from .._base import (
     is_trainable,
 )
 from .._deprecation import deprecated
-from .._hyper import Schedule
+from .._hyper import Schedule, weakly_typed
 from .._numerics import safe_int32_increment
 from ..schedules._stateful import as_stateful, is_stateful_schedule
 from ._arguments import (
@@ -83,10 +84,14 @@ class _AbstractInjectHyperparams(AbstractGradientTransformation):
     state. They differ in how schedules are evaluated (and kept in the state)."""
 
     inner_factory: Callable[..., Any]
-    hyperparams: dict[str, Array]
+    hyperparams: dict[str, Array | np.ndarray]
     schedules: dict[str, Schedule]
     other_args: dict[str, Any]
     hyperparam_dtype: DTypeLike | None = eqx.field(static=True)
+    # The dtype of each hyperparameter given as a strongly-typed JAX array, kept
+    # in the state as it is (as in Optax); the others are cast to the params'.
+    # Static, because every value rests on the host as NumPy (see `as_number`).
+    strong_dtypes: tuple[tuple[str, str], ...] = eqx.field(static=True)
 
     def _set_arguments(
         self,
@@ -100,9 +105,10 @@ class _AbstractInjectHyperparams(AbstractGradientTransformation):
     ) -> None:
         """The body of the subclasses' `__init__` (which differ in `allow_stateful`)."""
         self.inner_factory = inner_factory
-        self.hyperparams, self.schedules, self.other_args = sorted_arguments(
+        self.hyperparams, self.schedules, self.other_args, strong = sorted_arguments(
             inner_factory, args, kwargs, static_args, allow_stateful=allow_stateful
         )
+        self.strong_dtypes = tuple(sorted(strong.items()))
         self.hyperparam_dtype = hyperparam_dtype
 
     def __check_init__(self):
@@ -156,8 +162,14 @@ class _AbstractInjectHyperparams(AbstractGradientTransformation):
         }
 
     def _fixed_values(self, dtype: DTypeLike) -> dict[str, Array]:
+        strong = dict(self.strong_dtypes)
         return {
-            k: _state_value(k, v, dtype, "initial value")
+            k: _state_value(
+                k,
+                jnp.asarray(v, strong[k]) if k in strong else weakly_typed(v),
+                dtype,
+                "initial value",
+            )
             for k, v in self.hyperparams.items()
         }
 

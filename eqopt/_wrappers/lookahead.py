@@ -7,7 +7,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Int
 
 from .._base import (
     AbstractGradientTransformation,
@@ -17,7 +17,7 @@ from .._base import (
     is_none,
     is_trainable,
 )
-from .._hyper import ScalarLike, as_scalar, check_hyperparameter, is_concrete
+from .._hyper import Scalar, ScalarLike, as_scalar, check_hyperparameter, is_concrete
 from .._interop import as_transform
 from ._control import select
 
@@ -153,7 +153,7 @@ class Lookahead(AbstractGradientTransformation):
 
     fast_optimizer: AbstractGradientTransformation
     sync_period: int = eqx.field(static=True)
-    slow_step_size: Float[Array, ""] = eqx.field(converter=as_scalar)
+    slow_step_size: Scalar = eqx.field(converter=as_scalar)
     reset_state: bool = eqx.field(static=True)
 
     # `sync_period` is checked by `_sync_period`, whose error says what to pass.

@@ -5,6 +5,7 @@ from typing import Any, no_type_check
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, Inexact, Int, Key, UInt32
 
 from .._base import (
@@ -132,7 +133,7 @@ class StochasticRounding(AbstractGradientTransformation):
     Precision*, ICML 2015; Zamirai et al., *Revisiting BFloat16 Training*, 2020.
     """
 
-    key: UInt32[Array, " key_data"]
+    key: UInt32[Array | np.ndarray, " key_data"]
     key_impl: str | None = eqx.field(static=True)
 
     def __init__(self, key: KeyLike = 0):
@@ -143,7 +144,11 @@ class StochasticRounding(AbstractGradientTransformation):
         return False
 
     def init(self, params: Params) -> StochasticRoundingState:
-        return StochasticRoundingState(count=jnp.zeros([], jnp.int32), rng_key=self.key)
+        # A copy of the key: a step that donates the optimiser and the state
+        # cannot take one buffer twice.
+        return StochasticRoundingState(
+            count=jnp.zeros([], jnp.int32), rng_key=jnp.array(self.key, copy=True)
+        )
 
     def update(
         self,

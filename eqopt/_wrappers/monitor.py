@@ -7,7 +7,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.typing import DTypeLike
-from jaxtyping import Array, Float, Int, PyTree
+from jaxtyping import Array, Int, PyTree
 
 from .._base import (
     AbstractGradientTransformation,
@@ -16,7 +16,7 @@ from .._base import (
     Updates,
     is_trainable,
 )
-from .._hyper import ScalarLike, as_scalar, check_decays
+from .._hyper import Scalar, ScalarLike, as_scalar, check_decays
 from .._interop import as_transform
 from .._numerics import safe_int32_increment
 from ._control import zeros_like_output
@@ -252,7 +252,7 @@ class MeasureWithEma(AbstractGradientTransformation):
     """
 
     measure: Callable[..., Any]
-    decay: Float[Array, ""] = eqx.field(converter=as_scalar)
+    decay: Scalar = eqx.field(converter=as_scalar)
     debias: bool = eqx.field(default=True, static=True)
     accumulator_dtype: DTypeLike | None = eqx.field(default=None, static=True)
 

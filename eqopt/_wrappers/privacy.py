@@ -6,7 +6,7 @@ from typing import Any, no_type_check
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray, PyTree, Real, UInt32
+from jaxtyping import Array, ArrayLike, Int, PRNGKeyArray, PyTree, Real, UInt32
 
 from .._base import (
     AbstractGradientTransformation,
@@ -17,7 +17,13 @@ from .._base import (
     path_str,
 )
 from .._combine import Chain
-from .._hyper import ScalarLike, ScalarOrSchedule, as_scalar, check_hyperparameter
+from .._hyper import (
+    Scalar,
+    ScalarLike,
+    ScalarOrSchedule,
+    as_scalar,
+    check_hyperparameter,
+)
 from .._numerics import abs_squared
 from .._transform.basic import Identity, ScaleByLearningRate
 from .._transform.momentum import Trace
@@ -179,8 +185,11 @@ def _state_of(key: PRNGKeyArray) -> DifferentiallyPrivateAggregateState:
             rng_key=jax.random.key_data(key), impl=str(jax.random.key_impl(key))
         )
     # A raw key (`jax.random.PRNGKey`): the default implementation's data.
+    # A copy: a step that donates the optimiser and the state cannot take one
+    # buffer twice.
     return DifferentiallyPrivateAggregateState(
-        rng_key=key, impl=str(jax.random.key_impl(jax.random.key(0)))
+        rng_key=jnp.array(key, copy=True),
+        impl=str(jax.random.key_impl(jax.random.key(0))),
     )
 
 
@@ -265,8 +274,8 @@ class DifferentiallyPrivateAggregate(AbstractGradientTransformation):
     CCS 2016.
     """
 
-    l2_norm_clip: Float[Array, ""] = eqx.field(converter=as_scalar)
-    noise_multiplier: Float[Array, ""] = eqx.field(converter=as_scalar)
+    l2_norm_clip: Scalar = eqx.field(converter=as_scalar)
+    noise_multiplier: Scalar = eqx.field(converter=as_scalar)
     key: PRNGKeyArray
 
     def __check_init__(self):

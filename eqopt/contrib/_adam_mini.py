@@ -7,7 +7,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.typing import DTypeLike
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Int
 
 from .._base import (
     AbstractGradientTransformation,
@@ -18,7 +18,7 @@ from .._base import (
 )
 from .._combine import Chain
 from .._filters import FilterSpec
-from .._hyper import ScalarLike, ScalarOrSchedule, as_scalar, check_decays
+from .._hyper import Scalar, ScalarLike, ScalarOrSchedule, as_scalar, check_decays
 from .._numerics import abs_squared, debias, safe_int32_increment
 from .._sharding import gathered
 from .._transform.basic import ScaleByLearningRate
@@ -181,9 +181,9 @@ class ScaleByAdamMini(AbstractGradientTransformation):
     ICLR 2025.
     """
 
-    b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
-    b2: Float[Array, ""] = eqx.field(default=0.999, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
+    b1: Scalar = eqx.field(default=0.9, converter=as_scalar)
+    b2: Scalar = eqx.field(default=0.999, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-8, converter=as_scalar)
     mu_dtype: DTypeLike | None = eqx.field(default=None, static=True)
     blocks: Any = None
 

@@ -8,7 +8,7 @@ from typing import Any, no_type_check
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Int
 
 from .._base import (
     AbstractGradientTransformation,
@@ -77,12 +77,12 @@ class ScaleByAdemamix(AbstractGradientTransformation):
     Better, Faster, Older*, ICLR 2025 (arXiv:2409.03137).
     """
 
-    b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
-    b2: Float[Array, ""] = eqx.field(default=0.999, converter=as_scalar)
+    b1: Scalar = eqx.field(default=0.9, converter=as_scalar)
+    b2: Scalar = eqx.field(default=0.999, converter=as_scalar)
     b3: Scalar | Schedule = eqx.field(default=0.9999, converter=as_scalar_or_schedule)
     alpha: Scalar | Schedule = eqx.field(default=6.0, converter=as_scalar_or_schedule)
-    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
-    eps_root: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-8, converter=as_scalar)
+    eps_root: Scalar = eqx.field(default=0.0, converter=as_scalar)
     mu_dtype: MomentDType = eqx.field(default=None, static=True)
 
     @property
@@ -243,11 +243,11 @@ class ScaleBySimplifiedAdemamix(AbstractGradientTransformation):
     (arXiv:2502.02431).
     """
 
-    b1: Float[Array, ""] = eqx.field(default=0.99, converter=as_scalar)
-    b2: Float[Array, ""] = eqx.field(default=0.95, converter=as_scalar)
+    b1: Scalar = eqx.field(default=0.99, converter=as_scalar)
+    b2: Scalar = eqx.field(default=0.95, converter=as_scalar)
     alpha: Scalar | Schedule = eqx.field(default=0.0, converter=as_scalar_or_schedule)
-    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
-    eps_root: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-8, converter=as_scalar)
+    eps_root: Scalar = eqx.field(default=0.0, converter=as_scalar)
 
     @property
     def elementwise(self) -> bool:

@@ -6,7 +6,7 @@ from typing import Any, no_type_check
 import equinox as eqx
 import jax.numpy as jnp
 from jax.typing import DTypeLike
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Int
 
 from .._base import (
     AbstractGradientTransformation,
@@ -17,6 +17,7 @@ from .._base import (
 )
 from .._combine import Chain
 from .._hyper import (
+    Scalar,
     ScalarLike,
     ScalarOrSchedule,
     as_scalar,
@@ -74,9 +75,9 @@ class ScaleByAdopt(AbstractGradientTransformation):
     Any $\beta_2$ with the Optimal Rate*, NeurIPS 2024 (arXiv:2411.02853).
     """
 
-    b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
-    b2: Float[Array, ""] = eqx.field(default=0.9999, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=1e-6, converter=as_scalar)
+    b1: Scalar = eqx.field(default=0.9, converter=as_scalar)
+    b2: Scalar = eqx.field(default=0.9999, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-6, converter=as_scalar)
     mu_dtype: DTypeLike | None = eqx.field(default=None, static=True)
     nesterov: bool = eqx.field(default=False, static=True)
     use_clipping: bool = eqx.field(default=True, static=True)

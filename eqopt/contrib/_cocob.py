@@ -4,7 +4,6 @@ from typing import Any, no_type_check
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Float
 
 from .._base import (
     AbstractGradientTransformation,
@@ -16,6 +15,7 @@ from .._base import (
 from .._combine import Chain
 from .._filters import FilterSpec
 from .._hyper import (
+    Scalar,
     ScalarLike,
     ScalarOrSchedule,
     as_scalar,
@@ -70,8 +70,8 @@ class ScaleByCocob(AbstractGradientTransformation):
     Rates Through Coin Betting*, NeurIPS 2017 (arXiv:1705.07795), Algorithm 2.
     """
 
-    alpha: Float[Array, ""] = eqx.field(default=100.0, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
+    alpha: Scalar = eqx.field(default=100.0, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-8, converter=as_scalar)
 
     @property
     def elementwise(self) -> bool:

@@ -96,11 +96,11 @@ class DAdaptAdamW(AbstractGradientTransformation):
     learning_rate: Scalar | Schedule = eqx.field(
         default=1.0, converter=as_scalar_or_schedule
     )
-    b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
-    b2: Float[Array, ""] = eqx.field(default=0.999, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
-    estim_lr0: Float[Array, ""] = eqx.field(default=1e-6, converter=as_scalar)
-    weight_decay: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
+    b1: Scalar = eqx.field(default=0.9, converter=as_scalar)
+    b2: Scalar = eqx.field(default=0.999, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-8, converter=as_scalar)
+    estim_lr0: Scalar = eqx.field(default=1e-6, converter=as_scalar)
+    weight_decay: Scalar = eqx.field(default=0.0, converter=as_scalar)
 
     @property
     def elementwise(self) -> bool:

@@ -14,6 +14,7 @@ from .._base import AbstractGradientTransformation, Params, Updates, leafwise
 from .._combine import Chain
 from .._filters import FilterSpec
 from .._hyper import (
+    Scalar,
     ScalarLike,
     ScalarOrSchedule,
     as_optional_scalar,
@@ -84,8 +85,8 @@ class ScaleByDoG(AbstractGradientTransformation):
     """
 
     init_step_kind: str = eqx.field(default="heuristic", static=True)
-    init_step_value: Float[Array, ""] = eqx.field(default=1e-6, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
+    init_step_value: Scalar = eqx.field(default=1e-6, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-8, converter=as_scalar)
 
     @property
     def elementwise(self) -> bool:
@@ -216,10 +217,10 @@ class ScaleByDoWG(AbstractGradientTransformation):
     (arXiv:2305.16284).
     """
 
-    init_estim_sq_dist: Float[Array, ""] | None = eqx.field(
+    init_estim_sq_dist: Scalar | None = eqx.field(
         default=None, converter=as_optional_scalar
     )
-    eps: Float[Array, ""] = eqx.field(default=1e-4, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-4, converter=as_scalar)
 
     @property
     def elementwise(self) -> bool:

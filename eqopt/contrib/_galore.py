@@ -6,7 +6,7 @@ from typing import Any, no_type_check
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Int
 
 from .. import _sharding
 from .._base import (
@@ -20,7 +20,7 @@ from .._base import (
 )
 from .._combine import Chain
 from .._filters import FilterSpec
-from .._hyper import ScalarLike, ScalarOrSchedule, as_scalar
+from .._hyper import Scalar, ScalarLike, ScalarOrSchedule, as_scalar
 from .._interop import as_transform
 from .._numerics import safe_int32_increment
 from .._transform.adam import ScaleByAdam
@@ -143,7 +143,7 @@ class ScaleByGaLore(AbstractGradientTransformation):
 
     rank: int = eqx.field(default=128, static=True)
     update_proj_gap: int = eqx.field(default=200, static=True)
-    scale: Float[Array, ""] = eqx.field(default=1.0, converter=as_scalar)
+    scale: Scalar = eqx.field(default=1.0, converter=as_scalar)
     base_optimizer: AbstractGradientTransformation = eqx.field(
         default_factory=ScaleByAdam, converter=as_transform
     )

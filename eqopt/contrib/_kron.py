@@ -13,6 +13,7 @@ from .._base import AbstractGradientTransformation, Params, Updates, is_none
 from .._combine import Chain
 from .._filters import FilterSpec
 from .._hyper import (
+    Scalar,
     ScalarLike,
     ScalarOrSchedule,
     as_optional_scalar_or_schedule,
@@ -52,10 +53,10 @@ class KronUpdateProbabilitySchedule(AbstractSchedule):
     TNNLS 29(5), 2018; the schedule of Evan Walters' `psgd_jax`.
     """
 
-    max_prob: Float[Array, ""] = eqx.field(default=1.0, converter=as_scalar)
-    min_prob: Float[Array, ""] = eqx.field(default=0.03, converter=as_scalar)
-    decay: Float[Array, ""] = eqx.field(default=0.001, converter=as_scalar)
-    flat_start: Float[Array, ""] = eqx.field(default=500.0, converter=as_scalar)
+    max_prob: Scalar = eqx.field(default=1.0, converter=as_scalar)
+    min_prob: Scalar = eqx.field(default=0.03, converter=as_scalar)
+    decay: Scalar = eqx.field(default=0.001, converter=as_scalar)
+    flat_start: Scalar = eqx.field(default=500.0, converter=as_scalar)
 
     def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         annealed = self.max_prob * jnp.exp(-self.decay * (count - self.flat_start))
@@ -259,7 +260,7 @@ class ScaleByKron(AbstractGradientTransformation):
     arXiv:2211.04422, 2022 (the Kronecker-product preconditioner).
     """
 
-    b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
+    b1: Scalar = eqx.field(default=0.9, converter=as_scalar)
     preconditioner_update_probability: Any = eqx.field(
         default=None, converter=as_optional_scalar_or_schedule
     )
@@ -267,10 +268,8 @@ class ScaleByKron(AbstractGradientTransformation):
     min_ndim_triangular: int = eqx.field(default=2, static=True)
     memory_save_mode: MemorySaveMode = eqx.field(default=None, static=True)
     momentum_into_precond_update: bool = eqx.field(default=True, static=True)
-    preconditioner_lr: Float[Array, ""] = eqx.field(default=0.1, converter=as_scalar)
-    preconditioner_init_scale: Float[Array, ""] = eqx.field(
-        default=1.0, converter=as_scalar
-    )
+    preconditioner_lr: Scalar = eqx.field(default=0.1, converter=as_scalar)
+    preconditioner_init_scale: Scalar = eqx.field(default=1.0, converter=as_scalar)
     seed: int = eqx.field(default=0, static=True)
 
     def __check_init__(self):

@@ -4,7 +4,7 @@ from typing import Any, no_type_check
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Int
 
 from .._base import (
     AbstractGradientTransformation,
@@ -78,8 +78,8 @@ class ScaleByMadgrad(AbstractGradientTransformation):
     """
 
     learning_rate: Scalar | Schedule = eqx.field(converter=as_scalar_or_schedule)
-    momentum: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=1e-6, converter=as_scalar)
+    momentum: Scalar = eqx.field(default=0.9, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-6, converter=as_scalar)
 
     @property
     def elementwise(self) -> bool:

@@ -5,7 +5,7 @@ from typing import Any, Literal, no_type_check
 import equinox as eqx
 import jax.numpy as jnp
 from jax.typing import DTypeLike
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Int
 
 from .._base import (
     AbstractGradientTransformation,
@@ -18,6 +18,7 @@ from .._base import (
 from .._combine import Chain
 from .._filters import FilterSpec
 from .._hyper import (
+    Scalar,
     ScalarLike,
     ScalarOrSchedule,
     as_optional_scalar,
@@ -94,13 +95,11 @@ class ScaleByMars(AbstractGradientTransformation):
     Variance Reduction for Training Large Models*, arXiv:2411.10438, ICML 2025.
     """
 
-    b1: Float[Array, ""] = eqx.field(default=0.95, converter=as_scalar)
-    b2: Float[Array, ""] = eqx.field(default=0.99, converter=as_scalar)
-    gamma: Float[Array, ""] = eqx.field(default=0.025, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
-    max_norm: Float[Array, ""] | None = eqx.field(
-        default=1.0, converter=as_optional_scalar
-    )
+    b1: Scalar = eqx.field(default=0.95, converter=as_scalar)
+    b2: Scalar = eqx.field(default=0.99, converter=as_scalar)
+    gamma: Scalar = eqx.field(default=0.025, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-8, converter=as_scalar)
+    max_norm: Scalar | None = eqx.field(default=1.0, converter=as_optional_scalar)
     preconditioner: Preconditioner = eqx.field(default="adamw", static=True)
     mu_dtype: DTypeLike | None = eqx.field(default=None, static=True)
 

@@ -14,7 +14,7 @@ from .._base import (
     leafwise,
     zeros_like_trainable,
 )
-from .._hyper import ScalarLike, as_scalar, check_hyperparameter
+from .._hyper import Scalar, ScalarLike, as_scalar, check_hyperparameter
 from .._interop import as_transform
 from .._numerics import safe_int32_increment
 from ._reductions import (
@@ -88,9 +88,9 @@ class Mechanize(AbstractGradientTransformation):
     """
 
     base_optimizer: AbstractGradientTransformation = eqx.field(converter=as_transform)
-    weight_decay: Float[Array, ""] = eqx.field(default=0.01, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
-    s_init: Float[Array, ""] = eqx.field(default=1e-6, converter=as_scalar)
+    weight_decay: Scalar = eqx.field(default=0.01, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-8, converter=as_scalar)
+    s_init: Scalar = eqx.field(default=1e-6, converter=as_scalar)
     num_betas: int = eqx.field(default=6, static=True)
 
     @property

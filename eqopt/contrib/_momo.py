@@ -128,9 +128,9 @@ class Momo(AbstractGradientTransformation):
     learning_rate: Scalar | Schedule = eqx.field(
         default=1.0, converter=as_scalar_or_schedule
     )
-    beta: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
-    lower_bound: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
-    weight_decay: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
+    beta: Scalar = eqx.field(default=0.9, converter=as_scalar)
+    lower_bound: Scalar = eqx.field(default=0.0, converter=as_scalar)
+    weight_decay: Scalar = eqx.field(default=0.0, converter=as_scalar)
     adapt_lower_bound: bool = eqx.field(default=False, static=True)
 
     @property
@@ -279,11 +279,11 @@ class MomoAdam(AbstractGradientTransformation):
     learning_rate: Scalar | Schedule = eqx.field(
         default=1e-2, converter=as_scalar_or_schedule
     )
-    b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
-    b2: Float[Array, ""] = eqx.field(default=0.999, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
-    lower_bound: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
-    weight_decay: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
+    b1: Scalar = eqx.field(default=0.9, converter=as_scalar)
+    b2: Scalar = eqx.field(default=0.999, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-8, converter=as_scalar)
+    lower_bound: Scalar = eqx.field(default=0.0, converter=as_scalar)
+    weight_decay: Scalar = eqx.field(default=0.0, converter=as_scalar)
     adapt_lower_bound: bool = eqx.field(default=False, static=True)
 
     @property

@@ -7,6 +7,7 @@ from typing import Any, Literal, no_type_check
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
 
 from .._alias import adamw
@@ -20,6 +21,7 @@ from .._base import (
 from .._combine import Chain, Partition
 from .._filters import FilterSpec
 from .._hyper import (
+    Scalar,
     ScalarLike,
     ScalarOrSchedule,
     as_optional_scalar,
@@ -85,7 +87,7 @@ class MuonDimensionNumbers(_AbstractDimensionNumbers):
     """
 
 
-def _as_coefficients(value: Coefficients) -> Float[Array, "..."]:
+def _as_coefficients(value: Coefficients) -> Float[Array | np.ndarray, "..."]:
     if isinstance(value, str):
         if value not in _PRESETS:
             raise ValueError(
@@ -93,7 +95,10 @@ def _as_coefficients(value: Coefficients) -> Float[Array, "..."]:
                 f"{sorted(_PRESETS)}."
             )
         value = _PRESETS[value]
-    return jnp.asarray(value, dtype=jnp.float32)
+    if isinstance(value, jax.core.Tracer):
+        return value.astype(jnp.float32)
+    # In host memory, like a scalar hyperparameter (see `eqopt.as_scalar`).
+    return np.asarray(value, dtype=np.float32)
 
 
 @no_type_check
@@ -218,12 +223,12 @@ class ScaleByMuon(AbstractGradientTransformation):
     Amsel et al., *The Polar Express*, arXiv:2505.16932, 2025.
     """
 
-    ns_coeffs: Float[Array, "3"] | Float[Array, "steps 3"] = eqx.field(
-        default=_DEFAULT_NS_COEFFS, converter=_as_coefficients
+    ns_coeffs: Float[Array | np.ndarray, "3"] | Float[Array | np.ndarray, "steps 3"] = (
+        eqx.field(default=_DEFAULT_NS_COEFFS, converter=_as_coefficients)
     )
     ns_steps: int = eqx.field(default=5, static=True)
-    beta: Float[Array, ""] = eqx.field(default=0.95, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
+    beta: Scalar = eqx.field(default=0.95, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-8, converter=as_scalar)
     mu_dtype: MomentDType = eqx.field(default=None, static=True)
     nesterov: bool = eqx.field(default=True, static=True)
     adaptive: bool = eqx.field(default=False, static=True)
@@ -368,7 +373,7 @@ class ScaleByShape(AbstractGradientTransformation):
     """
 
     weight_dimension_numbers: Any = None
-    consistent_rms: Float[Array, ""] | None = eqx.field(
+    consistent_rms: Scalar | None = eqx.field(
         default=None, converter=as_optional_scalar
     )
 

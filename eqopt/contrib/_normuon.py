@@ -5,6 +5,7 @@ from typing import Any, no_type_check
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import DTypeLike
 from jaxtyping import Array, Float, Int
 
@@ -13,6 +14,7 @@ from .._base import AbstractGradientTransformation, Params, Updates, leafwise
 from .._combine import Chain, Partition
 from .._filters import FilterSpec
 from .._hyper import (
+    Scalar,
     ScalarLike,
     ScalarOrSchedule,
     as_optional_scalar,
@@ -117,19 +119,17 @@ class ScaleByNorMuon(AbstractGradientTransformation):
     efficient and scalable*, arXiv:2510.05491, 2025.
     """
 
-    ns_coeffs: Float[Array, "3"] | Float[Array, "steps 3"] = eqx.field(
-        default=_DEFAULT_NS_COEFFS, converter=_as_coefficients
+    ns_coeffs: Float[Array | np.ndarray, "3"] | Float[Array | np.ndarray, "steps 3"] = (
+        eqx.field(default=_DEFAULT_NS_COEFFS, converter=_as_coefficients)
     )
     ns_steps: int = eqx.field(default=5, static=True)
-    beta: Float[Array, ""] = eqx.field(default=0.95, converter=as_scalar)
-    b2: Float[Array, ""] = eqx.field(default=0.95, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
+    beta: Scalar = eqx.field(default=0.95, converter=as_scalar)
+    b2: Scalar = eqx.field(default=0.95, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-8, converter=as_scalar)
     mu_dtype: DTypeLike | None = eqx.field(default=None, static=True)
     nesterov: bool = eqx.field(default=False, static=True)
     preconditioning: Preconditioning = eqx.field(default="frobenius", static=True)
-    consistent_rms: Float[Array, ""] | None = eqx.field(
-        default=0.2, converter=as_optional_scalar
-    )
+    consistent_rms: Scalar | None = eqx.field(default=0.2, converter=as_optional_scalar)
     weight_dimension_numbers: Any = None
 
     def __check_init__(self):

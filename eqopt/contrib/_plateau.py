@@ -15,6 +15,8 @@ from .._base import (
     leafwise,
 )
 from .._hyper import (
+    IntScalar,
+    Scalar,
     ScalarLike,
     as_int_scalar,
     as_scalar,
@@ -78,13 +80,13 @@ class ReduceOnPlateau(AbstractGradientTransformation):
     **References:** the `ReduceLROnPlateau` scheduler of PyTorch and Keras.
     """
 
-    factor: Float[Array, ""] = eqx.field(default=0.1, converter=as_scalar)
-    patience: Int[Array, ""] = eqx.field(default=10, converter=as_int_scalar)
-    rtol: Float[Array, ""] = eqx.field(default=1e-4, converter=as_scalar)
-    atol: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
-    cooldown: Int[Array, ""] = eqx.field(default=0, converter=as_int_scalar)
-    accumulation_size: Int[Array, ""] = eqx.field(default=1, converter=as_int_scalar)
-    min_scale: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
+    factor: Scalar = eqx.field(default=0.1, converter=as_scalar)
+    patience: IntScalar = eqx.field(default=10, converter=as_int_scalar)
+    rtol: Scalar = eqx.field(default=1e-4, converter=as_scalar)
+    atol: Scalar = eqx.field(default=0.0, converter=as_scalar)
+    cooldown: IntScalar = eqx.field(default=0, converter=as_int_scalar)
+    accumulation_size: IntScalar = eqx.field(default=1, converter=as_int_scalar)
+    min_scale: Scalar = eqx.field(default=0.0, converter=as_scalar)
 
     def __check_init__(self):
         check_hyperparameter(

@@ -107,15 +107,13 @@ class Prodigy(AbstractGradientTransformation):
     learning_rate: Scalar | Schedule = eqx.field(
         default=1.0, converter=as_scalar_or_schedule
     )
-    b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
-    b2: Float[Array, ""] = eqx.field(default=0.999, converter=as_scalar)
-    beta3: Float[Array, ""] | None = eqx.field(
-        default=None, converter=as_optional_scalar
-    )
-    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
-    estim_lr0: Float[Array, ""] = eqx.field(default=1e-6, converter=as_scalar)
-    estim_lr_coef: Float[Array, ""] = eqx.field(default=1.0, converter=as_scalar)
-    weight_decay: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
+    b1: Scalar = eqx.field(default=0.9, converter=as_scalar)
+    b2: Scalar = eqx.field(default=0.999, converter=as_scalar)
+    beta3: Scalar | None = eqx.field(default=None, converter=as_optional_scalar)
+    eps: Scalar = eqx.field(default=1e-8, converter=as_scalar)
+    estim_lr0: Scalar = eqx.field(default=1e-6, converter=as_scalar)
+    estim_lr_coef: Scalar = eqx.field(default=1.0, converter=as_scalar)
+    weight_decay: Scalar = eqx.field(default=0.0, converter=as_scalar)
     safeguard_warmup: bool = eqx.field(default=False, static=True)
 
     @property

@@ -123,7 +123,11 @@ class SAM(AbstractGradientTransformation):
             steps_since_sync=jnp.zeros([], jnp.int32),
             opt_state=self.optimizer.init(params),
             adv_state=self.adv_optimizer.init(params),
-            cache=None if self.opaque_mode else eqx.filter(params, is_trainable),
+            # A copy: a step that donates the params and the state cannot take
+            # one buffer twice.
+            cache=None
+            if self.opaque_mode
+            else jax.tree.map(jnp.copy, eqx.filter(params, is_trainable)),
         )
 
     def update(

@@ -100,8 +100,8 @@ class ScheduleFree(AbstractGradientTransformation):
 
     base_optimizer: AbstractGradientTransformation = eqx.field(converter=as_transform)
     learning_rate: Scalar | Schedule = eqx.field(converter=as_scalar_or_schedule)
-    b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
-    weight_lr_power: Float[Array, ""] = eqx.field(default=2.0, converter=as_scalar)
+    b1: Scalar = eqx.field(default=0.9, converter=as_scalar)
+    weight_lr_power: Scalar = eqx.field(default=2.0, converter=as_scalar)
     state_dtype: DTypeLike | None = eqx.field(default=None, static=True)
 
     def __check_init__(self):

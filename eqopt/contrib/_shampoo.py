@@ -12,6 +12,7 @@ from jaxtyping import Array, Float, Int, PyTree
 from .._base import AbstractGradientTransformation, Params, Updates, is_none
 from .._combine import Chain
 from .._hyper import (
+    Scalar,
     ScalarLike,
     ScalarOrSchedule,
     as_scalar,
@@ -153,11 +154,11 @@ class ScaleByShampoo(AbstractGradientTransformation):
     """
 
     block_size: int = eqx.field(default=128, static=True)
-    b1: Float[Array, ""] = eqx.field(default=0.9, converter=as_scalar)
-    b2: Float[Array, ""] = eqx.field(default=0.999, converter=as_scalar)
-    diagonal_epsilon: Float[Array, ""] = eqx.field(default=1e-10, converter=as_scalar)
-    matrix_epsilon: Float[Array, ""] = eqx.field(default=1e-6, converter=as_scalar)
-    weight_decay: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
+    b1: Scalar = eqx.field(default=0.9, converter=as_scalar)
+    b2: Scalar = eqx.field(default=0.999, converter=as_scalar)
+    diagonal_epsilon: Scalar = eqx.field(default=1e-10, converter=as_scalar)
+    matrix_epsilon: Scalar = eqx.field(default=1e-6, converter=as_scalar)
+    weight_decay: Scalar = eqx.field(default=0.0, converter=as_scalar)
     start_preconditioning_step: int = eqx.field(default=5, static=True)
     preconditioning_compute_steps: int = eqx.field(default=1, static=True)
     grafting: Grafting = eqx.field(default="sgd", static=True)
@@ -165,9 +166,7 @@ class ScaleByShampoo(AbstractGradientTransformation):
     moving_average_for_momentum: bool = eqx.field(default=False, static=True)
     exponent_override: int = eqx.field(default=0, static=True)
     root_method: RootMethod = eqx.field(default="eigh", static=True)
-    inverse_failure_threshold: Float[Array, ""] = eqx.field(
-        default=0.1, converter=as_scalar
-    )
+    inverse_failure_threshold: Scalar = eqx.field(default=0.1, converter=as_scalar)
     merge_small_dims_block_size: int | None = eqx.field(default=4096, static=True)
     max_preconditioned_dim: int = eqx.field(default=4096, static=True)
 

@@ -11,6 +11,7 @@ from .._base import AbstractGradientTransformation, Params, Updates
 from .._combine import Chain
 from .._filters import FilterSpec
 from .._hyper import (
+    Scalar,
     ScalarLike,
     ScalarOrSchedule,
     as_optional_scalar,
@@ -104,12 +105,10 @@ class ScaleBySoap(AbstractGradientTransformation):
     Adam*, arXiv:2409.11321, 2024.
     """
 
-    b1: Float[Array, ""] = eqx.field(default=0.95, converter=as_scalar)
-    b2: Float[Array, ""] = eqx.field(default=0.95, converter=as_scalar)
-    shampoo_beta: Float[Array, ""] | None = eqx.field(
-        default=None, converter=as_optional_scalar
-    )
-    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
+    b1: Scalar = eqx.field(default=0.95, converter=as_scalar)
+    b2: Scalar = eqx.field(default=0.95, converter=as_scalar)
+    shampoo_beta: Scalar | None = eqx.field(default=None, converter=as_optional_scalar)
+    eps: Scalar = eqx.field(default=1e-8, converter=as_scalar)
     precondition_frequency: int = eqx.field(default=10, static=True)
     max_precondition_dim: int = eqx.field(default=10000, static=True)
     merge_dims: bool = eqx.field(default=False, static=True)

@@ -6,8 +6,9 @@ from typing import Any, no_type_check
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import DTypeLike
-from jaxtyping import Array, Float, Int, PRNGKeyArray
+from jaxtyping import Array, Int, PRNGKeyArray
 
 from .._base import (
     AbstractGradientTransformation,
@@ -24,6 +25,7 @@ from .._combine import Chain
 from .._defaults import DefaultTransform, resolve
 from .._filters import FilterSpec
 from .._hyper import (
+    Scalar,
     ScalarLike,
     ScalarOrSchedule,
     as_optional_scalar,
@@ -42,6 +44,19 @@ class HutchinsonState(eqx.Module):
     """The state of [`eqopt.contrib.HutchinsonEstimatorDiagHessian`][]: the random key."""
 
     key: PRNGKeyArray
+
+
+def _seed_on_host(key: PRNGKeyArray | None) -> PRNGKeyArray | np.ndarray | None:
+    # A raw key rests in host memory, like a hyperparameter (see `eqopt.as_scalar`):
+    # a step that donates all its arguments cannot delete it. A typed key has no
+    # host form and is kept.
+    if (
+        isinstance(key, jax.Array)
+        and not isinstance(key, jax.core.Tracer)
+        and not jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    ):
+        return np.asarray(key)
+    return key
 
 
 class HutchinsonEstimatorDiagHessian(AbstractGradientTransformation):
@@ -76,15 +91,20 @@ class HutchinsonEstimatorDiagHessian(AbstractGradientTransformation):
     # the params.
     params_like_updates = False
 
-    random_seed: PRNGKeyArray | None = None
+    random_seed: PRNGKeyArray | np.ndarray | None = eqx.field(
+        default=None, converter=_seed_on_host
+    )
 
     @property
     def elementwise(self) -> bool:
         return False
 
     def init(self, params: Params) -> HutchinsonState:
-        key = jax.random.PRNGKey(0) if self.random_seed is None else self.random_seed
-        return HutchinsonState(key=key)
+        if self.random_seed is None:
+            return HutchinsonState(key=jax.random.PRNGKey(0))
+        # A copy: a step that donates the optimiser and the state cannot take one
+        # buffer twice.
+        return HutchinsonState(key=jnp.array(self.random_seed, copy=True))
 
     def update(
         self,
@@ -177,13 +197,11 @@ class ScaleBySophia(AbstractGradientTransformation):
     Second-order Optimizer for Language Model Pre-training*, ICLR 2024.
     """
 
-    b1: Float[Array, ""] = eqx.field(default=0.965, converter=as_scalar)
-    b2: Float[Array, ""] = eqx.field(default=0.99, converter=as_scalar)
-    eps: Float[Array, ""] = eqx.field(default=1e-8, converter=as_scalar)
-    gamma: Float[Array, ""] = eqx.field(default=0.01, converter=as_scalar)
-    clip_threshold: Float[Array, ""] | None = eqx.field(
-        default=1.0, converter=as_optional_scalar
-    )
+    b1: Scalar = eqx.field(default=0.965, converter=as_scalar)
+    b2: Scalar = eqx.field(default=0.99, converter=as_scalar)
+    eps: Scalar = eqx.field(default=1e-8, converter=as_scalar)
+    gamma: Scalar = eqx.field(default=0.01, converter=as_scalar)
+    clip_threshold: Scalar | None = eqx.field(default=1.0, converter=as_optional_scalar)
     update_interval: int = eqx.field(default=10, static=True)
     hessian_diagonal_fn: AbstractGradientTransformation = eqx.field(
         default_factory=HutchinsonEstimatorDiagHessian, converter=as_transform

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
-from .._hyper import as_scalar
+from .._hyper import Scalar, as_scalar, weakly_typed
 from ..second_order import hessian_diag
 from ._estimators import DistBuilder, SampleFn
 
@@ -197,7 +197,7 @@ class MovingAvgBaseline(AbstractControlVariate):
     """
 
     function: SampleFn
-    decay: Float[Array, ""] = eqx.field(converter=as_scalar)
+    decay: Scalar = eqx.field(converter=as_scalar)
     zero_debias: bool = eqx.field(static=True)
     use_decay_early_training_heuristic: bool = eqx.field(static=True)
 
@@ -223,7 +223,7 @@ class MovingAvgBaseline(AbstractControlVariate):
         state: tuple[Float[ArrayLike, ""], Int[ArrayLike, ""]] | None = None,
     ) -> tuple[Float[Array, ""], Int[ArrayLike, ""]]:
         value, count = _baseline_state(state)
-        decay = self.decay
+        decay = weakly_typed(self.decay)
         if self.use_decay_early_training_heuristic:
             decay = jnp.minimum(decay, (1.0 + count) / (10.0 + count))
         new_value = decay * value + (1 - decay) * jnp.mean(

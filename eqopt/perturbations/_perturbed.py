@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
 
-from .._hyper import as_scalar
+from .._hyper import Scalar, as_scalar, weakly_typed
 
 
 class AbstractNoiseDistribution(eqx.Module):
@@ -135,7 +135,7 @@ class PerturbedFunction(eqx.Module):
 
     fun: Callable[[Any], Any]
     num_samples: int = eqx.field(static=True)
-    sigma: Float[Array, ""] = eqx.field(converter=as_scalar)
+    sigma: Scalar = eqx.field(converter=as_scalar)
     noise: Any
     use_baseline: bool = eqx.field(static=True)
 
@@ -163,7 +163,7 @@ class PerturbedFunction(eqx.Module):
         leaves, treedef = jax.tree.flatten(dynamic)
         if not leaves:
             raise ValueError("`inputs` has no inexact-array leaves to perturb.")
-        sigma = self.sigma
+        sigma = weakly_typed(self.sigma)
         baseline = None
         if self.use_baseline:
             baseline = self.fun(eqx.combine(jax.lax.stop_gradient(dynamic), static))

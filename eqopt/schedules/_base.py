@@ -1,9 +1,10 @@
 """The schedule protocol, wrapping plain callables, hyperparameters that may be schedules."""
 
 import abc
+import functools
 import operator
 from collections.abc import Callable
-from typing import Any, SupportsIndex, cast
+from typing import Any, SupportsIndex, cast, no_type_check
 
 import equinox as eqx
 import jax
@@ -11,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int, Real
 
-from .._hyper import as_scalar, check_fields, is_concrete
+from .._hyper import Scalar, as_scalar, check_fields, is_concrete, weak_hyperparameters
 
 
 def as_static_int(value: int | Int[ArrayLike, ""]) -> int:
@@ -26,12 +27,14 @@ def _as_static_ints(values) -> tuple[int, ...]:
 
 class _Number:
     # Shown in place of a concrete scalar leaf by `AbstractSchedule.__repr__`.
-    def __init__(self, value: Array):
+    def __init__(self, value: Array | np.ndarray):
         self.value = value
 
     def __repr__(self) -> str:
         number = str(np.asarray(self.value)[()])
-        if getattr(self.value, "weak_type", False):
+        if isinstance(self.value, np.ndarray) or getattr(
+            self.value, "weak_type", False
+        ):
             return number
         return f"{self.value.dtype.name}({number})"
 
@@ -79,13 +82,27 @@ class AbstractSchedule(eqx.Module):
             return schedule(count)
 
         value_at(schedule, jnp.array(500))
-        # A new peak is a new leaf value, not a recompile. Give it as a JAX array
-        # (`jnp.asarray(2e-3)` is weakly typed, like the original): a Python float
+        # A new peak is a new leaf value, not a recompile. Convert it as the
+        # constructor does (a NumPy scalar, like the original): a Python float
         # leaf would be static under `filter_jit`.
-        schedule = eqx.tree_at(lambda s: s.peak_value, schedule, jnp.asarray(2e-3))
+        schedule = eqx.tree_at(lambda s: s.peak_value, schedule, eqopt.as_scalar(2e-3))
         value_at(schedule, jnp.array(500))
         ```
     """
+
+    @no_type_check
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # Hyperparameters rest on the host as NumPy scalars; a schedule computes
+        # with them weakly typed, as with Python numbers.
+        call = cls.__dict__.get("__call__")
+        if callable(call) and not getattr(call, "__isabstractmethod__", False):
+
+            @functools.wraps(call)
+            def __call__(self, count):
+                return call(weak_hyperparameters(self), count)
+
+            cls.__call__ = __call__
 
     def __check_init__(self):
         check_fields(self)
@@ -135,7 +152,7 @@ class ConstantSchedule(AbstractSchedule):
     - `value`: the value $v$ returned at every step.
     """
 
-    value: Float[Array, ""] = eqx.field(converter=as_scalar)
+    value: Scalar = eqx.field(converter=as_scalar)
 
     def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         return broadcast_to_count(self.value, count)

@@ -4,7 +4,7 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
-from .._hyper import as_scalar
+from .._hyper import Scalar, as_scalar
 from ._base import AbstractSchedule, as_static_int, broadcast_to_count
 
 
@@ -52,9 +52,9 @@ class PolynomialSchedule(AbstractSchedule):
         negative value is treated as `0`.
     """
 
-    init_value: Float[Array, ""] = eqx.field(converter=as_scalar)
-    end_value: Float[Array, ""] = eqx.field(converter=as_scalar)
-    power: Float[Array, ""] = eqx.field(converter=as_scalar)
+    init_value: Scalar = eqx.field(converter=as_scalar)
+    end_value: Scalar = eqx.field(converter=as_scalar)
+    power: Scalar = eqx.field(converter=as_scalar)
     transition_steps: int = eqx.field(static=True, converter=as_static_int)
     transition_begin: int = eqx.field(static=True, converter=as_static_int, default=0)
 
@@ -116,8 +116,8 @@ class LinearSchedule(AbstractSchedule):
         negative value is treated as `0`.
     """
 
-    init_value: Float[Array, ""] = eqx.field(converter=as_scalar)
-    end_value: Float[Array, ""] = eqx.field(converter=as_scalar)
+    init_value: Scalar = eqx.field(converter=as_scalar)
+    end_value: Scalar = eqx.field(converter=as_scalar)
     transition_steps: int = eqx.field(static=True, converter=as_static_int)
     transition_begin: int = eqx.field(static=True, converter=as_static_int, default=0)
 
@@ -177,8 +177,8 @@ class WarmupConstantSchedule(AbstractSchedule):
     2017, [arXiv:1706.02677](https://arxiv.org/abs/1706.02677) (gradual warmup).
     """
 
-    init_value: Float[Array, ""] = eqx.field(converter=as_scalar)
-    peak_value: Float[Array, ""] = eqx.field(converter=as_scalar)
+    init_value: Scalar = eqx.field(converter=as_scalar)
+    peak_value: Scalar = eqx.field(converter=as_scalar)
     warmup_steps: int = eqx.field(static=True, converter=as_static_int)
 
     def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:

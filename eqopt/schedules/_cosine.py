@@ -7,7 +7,7 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
-from .._hyper import as_scalar
+from .._hyper import Scalar, as_scalar
 from ._base import AbstractSchedule, as_static_int
 from ._basic import _linear
 from ._join import JoinSchedules
@@ -55,10 +55,10 @@ class CosineDecaySchedule(AbstractSchedule):
     ICLR 2017, [arXiv:1608.03983](https://arxiv.org/abs/1608.03983).
     """
 
-    init_value: Float[Array, ""] = eqx.field(converter=as_scalar)
+    init_value: Scalar = eqx.field(converter=as_scalar)
     decay_steps: int = eqx.field(static=True, converter=as_static_int)
-    alpha: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
-    exponent: Float[Array, ""] = eqx.field(default=1.0, converter=as_scalar)
+    alpha: Scalar = eqx.field(default=0.0, converter=as_scalar)
+    exponent: Scalar = eqx.field(default=1.0, converter=as_scalar)
 
     def __check_init__(self):
         _check_positive_steps("decay_steps", self.decay_steps)
@@ -125,12 +125,12 @@ class WarmupCosineDecaySchedule(AbstractSchedule):
     1 Hour*, 2017, [arXiv:1706.02677](https://arxiv.org/abs/1706.02677) (warmup).
     """
 
-    init_value: Float[Array, ""] = eqx.field(converter=as_scalar)
-    peak_value: Float[Array, ""] = eqx.field(converter=as_scalar)
+    init_value: Scalar = eqx.field(converter=as_scalar)
+    peak_value: Scalar = eqx.field(converter=as_scalar)
     warmup_steps: int = eqx.field(static=True, converter=as_static_int)
     decay_steps: int = eqx.field(static=True, converter=as_static_int)
-    end_value: Float[Array, ""] = eqx.field(default=0.0, converter=as_scalar)
-    exponent: Float[Array, ""] = eqx.field(default=1.0, converter=as_scalar)
+    end_value: Scalar = eqx.field(default=0.0, converter=as_scalar)
+    exponent: Scalar = eqx.field(default=1.0, converter=as_scalar)
 
     def __check_init__(self):
         if not self.decay_steps - self.warmup_steps > 0:

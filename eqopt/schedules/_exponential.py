@@ -4,7 +4,7 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
-from .._hyper import as_optional_scalar, as_scalar
+from .._hyper import Scalar, as_optional_scalar, as_scalar
 from ._base import AbstractSchedule, as_static_int, broadcast_to_count
 from ._basic import _linear
 
@@ -74,14 +74,12 @@ class ExponentialDecaySchedule(AbstractSchedule):
         and an upper bound otherwise. No effect when $r = 0$.
     """
 
-    init_value: Float[Array, ""] = eqx.field(converter=as_scalar)
+    init_value: Scalar = eqx.field(converter=as_scalar)
     transition_steps: int = eqx.field(static=True, converter=as_static_int)
-    decay_rate: Float[Array, ""] = eqx.field(converter=as_scalar)
+    decay_rate: Scalar = eqx.field(converter=as_scalar)
     transition_begin: int = eqx.field(static=True, converter=as_static_int, default=0)
     staircase: bool = eqx.field(static=True, default=False)
-    end_value: Float[Array, ""] | None = eqx.field(
-        default=None, converter=as_optional_scalar
-    )
+    end_value: Scalar | None = eqx.field(default=None, converter=as_optional_scalar)
 
     def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         return _exponential_decay(
@@ -153,16 +151,14 @@ class WarmupExponentialDecaySchedule(AbstractSchedule):
     2017, [arXiv:1706.02677](https://arxiv.org/abs/1706.02677) (gradual warmup).
     """
 
-    init_value: Float[Array, ""] = eqx.field(converter=as_scalar)
-    peak_value: Float[Array, ""] = eqx.field(converter=as_scalar)
+    init_value: Scalar = eqx.field(converter=as_scalar)
+    peak_value: Scalar = eqx.field(converter=as_scalar)
     warmup_steps: int = eqx.field(static=True, converter=as_static_int)
     transition_steps: int = eqx.field(static=True, converter=as_static_int)
-    decay_rate: Float[Array, ""] = eqx.field(converter=as_scalar)
+    decay_rate: Scalar = eqx.field(converter=as_scalar)
     transition_begin: int = eqx.field(static=True, converter=as_static_int, default=0)
     staircase: bool = eqx.field(static=True, default=False)
-    end_value: Float[Array, ""] | None = eqx.field(
-        default=None, converter=as_optional_scalar
-    )
+    end_value: Scalar | None = eqx.field(default=None, converter=as_optional_scalar)
 
     def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         warmup = _linear(self.init_value, self.peak_value, self.warmup_steps, 0, count)

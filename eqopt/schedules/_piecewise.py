@@ -7,7 +7,7 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
-from .._hyper import as_scalar, check_hyperparameter
+from .._hyper import Scalar, as_scalar, check_hyperparameter
 from ._base import (
     AbstractSchedule,
     _as_static_ints,
@@ -64,7 +64,7 @@ class PiecewiseConstantSchedule(AbstractSchedule):
     `{step: scale}` dictionary.
     """
 
-    init_value: Float[Array, ""] = eqx.field(converter=as_scalar)
+    init_value: Scalar = eqx.field(converter=as_scalar)
     boundaries: tuple[int, ...] = eqx.field(
         static=True, converter=_as_static_ints, default=()
     )
@@ -172,7 +172,7 @@ class PiecewiseInterpolateSchedule(AbstractSchedule):
     """
 
     interpolate_type: Literal["linear", "cosine"] = eqx.field(static=True)
-    init_value: Float[Array, ""] = eqx.field(converter=as_scalar)
+    init_value: Scalar = eqx.field(converter=as_scalar)
     boundaries: tuple[int, ...] = eqx.field(
         static=True, converter=_as_static_ints, default=()
     )
@@ -271,10 +271,10 @@ class CosineOnecycleSchedule(AbstractSchedule):
     """
 
     transition_steps: int = eqx.field(static=True, converter=as_static_int)
-    peak_value: Float[Array, ""] = eqx.field(converter=as_scalar)
+    peak_value: Scalar = eqx.field(converter=as_scalar)
     pct_start: float | int = eqx.field(static=True, default=0.3)
-    div_factor: Float[Array, ""] = eqx.field(default=25.0, converter=as_scalar)
-    final_div_factor: Float[Array, ""] = eqx.field(default=1e4, converter=as_scalar)
+    div_factor: Scalar = eqx.field(default=25.0, converter=as_scalar)
+    final_div_factor: Scalar = eqx.field(default=1e4, converter=as_scalar)
 
     def __check_init__(self):
         _check_onecycle(self, "div_factor", "final_div_factor")
@@ -350,11 +350,11 @@ class LinearOnecycleSchedule(AbstractSchedule):
     """
 
     transition_steps: int = eqx.field(static=True, converter=as_static_int)
-    peak_value: Float[Array, ""] = eqx.field(converter=as_scalar)
+    peak_value: Scalar = eqx.field(converter=as_scalar)
     pct_start: float | int = eqx.field(static=True, default=0.3)
     pct_final: float | int = eqx.field(static=True, default=0.85)
-    div_factor: Float[Array, ""] = eqx.field(default=25.0, converter=as_scalar)
-    final_div_factor: Float[Array, ""] = eqx.field(default=1e4, converter=as_scalar)
+    div_factor: Scalar = eqx.field(default=25.0, converter=as_scalar)
+    final_div_factor: Scalar = eqx.field(default=1e4, converter=as_scalar)
 
     def __check_init__(self):
         _check_onecycle(self, "div_factor", "final_div_factor")
