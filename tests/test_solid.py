@@ -275,6 +275,38 @@ def test_current_hyperparams_of_injected_and_wrapped_optimisers():
 # ---------------------------------------------------------------------------
 
 
+def test_the_optimiser_survives_a_step_that_donates_everything():
+    # `train_step(model, opt_state, optim, batch)` under `donate="all"`: the loss
+    # (a float32 scalar output) takes the first float32 scalar input buffer left
+    # unclaimed, which was the learning rate's when hyperparameters were device
+    # arrays. The second call then failed with "Array has been deleted".
+    def loss_fn(model, x, y):
+        return jnp.mean((jax.vmap(model)(x) - y) ** 2)
+
+    @eqx.filter_jit(donate="all")
+    def train_step(model, opt_state, optim, x, y):
+        loss, grads = eqx.filter_value_and_grad(loss_fn)(model, x, y)
+        updates, opt_state = optim.update(grads, opt_state, model)
+        return eqx.apply_updates(model, updates), opt_state, loss
+
+    schedule = eqopt.warmup_cosine_decay_schedule(0.0, 1e-2, 2, 10)
+    for optim in (
+        eqopt.adamw(schedule, weight_decay=0.1),
+        eqopt.chain(eqopt.clip_by_global_norm(1.0), eqopt.sgd(1e-2, momentum=0.9)),
+        eqopt.inject_hyperparams(eqopt.adam)(learning_rate=1e-2),
+    ):
+        model = eqx.nn.MLP(3, 2, 8, 2, key=jax.random.key(0))
+        opt_state = optim.init(model)
+        losses = []
+        for _ in range(3):
+            x, y = jnp.ones((4, 3)), jnp.zeros((4, 2))
+            model, opt_state, loss = train_step(model, opt_state, optim, x, y)
+            losses.append(float(loss))
+        assert losses[2] < losses[0]
+        # The optimiser holds no device buffer for a step to take.
+        assert not [x for x in jax.tree.leaves(optim) if isinstance(x, jax.Array)]
+
+
 @pytest.mark.parametrize(
     "opt",
     [eqopt.adam(1e-3), eqopt.sgd(0.1, momentum=0.9), eqopt.lion(1e-3)],
