@@ -172,7 +172,7 @@ class Mechanize(AbstractGradientTransformation):
             r=r.astype(dtype),
             m=m.astype(dtype),
             v=v.astype(dtype),
-            s=s.astype(dtype),
+            s=jnp.asarray(s, dtype),
             delta=delta,
         )
 

@@ -381,8 +381,8 @@ class MomoAdam(AbstractGradientTransformation):
         return new_updates, MomoAdamState(
             exp_avg=exp_avg,
             exp_avg_sq=exp_avg_sq,
-            barf=barf.astype(dtype),
-            gamma=gamma.astype(dtype),
+            barf=jnp.asarray(barf, dtype),
+            gamma=jnp.asarray(gamma, dtype),
             lb=jnp.asarray(lb).astype(dtype),
             count=count,
         )

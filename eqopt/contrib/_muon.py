@@ -6,6 +6,7 @@ from typing import Any, Literal, no_type_check
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
@@ -96,7 +97,7 @@ def _as_coefficients(value: Coefficients) -> Float[Array | np.ndarray, "..."]:
             )
         value = _PRESETS[value]
     if isinstance(value, jax.core.Tracer):
-        return value.astype(jnp.float32)
+        return jnp.asarray(value, jnp.float32)
     # In host memory, like a scalar hyperparameter (see `eqopt.as_scalar`).
     return np.asarray(value, dtype=np.float32)
 

@@ -202,7 +202,7 @@ class Prodigy(AbstractGradientTransformation):
             grad_sum=grad_sum,
             params0=state.params0,
             estim_lr=new_d.astype(d.dtype),
-            numerator_weighted=numerator.astype(d.dtype),
+            numerator_weighted=jnp.asarray(numerator, d.dtype),
             count=count,
         )
 

@@ -5,6 +5,7 @@ from typing import Any, no_type_check
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import DTypeLike

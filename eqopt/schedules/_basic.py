@@ -59,13 +59,15 @@ class PolynomialSchedule(AbstractSchedule):
     transition_begin: int = eqx.field(static=True, converter=as_static_int, default=0)
 
     def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
-        return _polynomial(
-            self.init_value,
-            self.end_value,
-            self.power,
-            self.transition_steps,
-            self.transition_begin,
-            count,
+        return jnp.asarray(
+            _polynomial(
+                self.init_value,
+                self.end_value,
+                self.power,
+                self.transition_steps,
+                self.transition_begin,
+                count,
+            )
         )
 
 

@@ -64,8 +64,10 @@ class CosineDecaySchedule(AbstractSchedule):
         _check_positive_steps("decay_steps", self.decay_steps)
 
     def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
-        return _cosine_decay(
-            self.init_value, self.decay_steps, self.alpha, self.exponent, count
+        return jnp.asarray(
+            _cosine_decay(
+                self.init_value, self.decay_steps, self.alpha, self.exponent, count
+            )
         )
 
 
