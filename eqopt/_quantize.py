@@ -1,10 +1,11 @@
-r"""Quantised optimiser moments: block-wise 8-bit and 4-bit codes with per-block scales.
+r"""Quantised optimiser moments: 8-bit and 4-bit codes with block-wise or rank-1 scales.
 
 A moment tree normally holds one array per trainable leaf. Given a
 [`eqopt.Quantized`][] format as its dtype (`mu_dtype=eqopt.Quantized(8)`), it
 holds a [`eqopt.QuantizedArray`][] instead: one small integer code per element
-and one float32 scale per block of elements. `dequantize()`
-gives the moment back; [`eqopt.tree.get`][] dequantises what it returns.
+and a few float32 scales (one per block of elements, or one per row and per
+column of a matrix). `dequantize()` gives the moment back;
+[`eqopt.tree.get`][] dequantises what it returns.
 
 Per-leaf code (`eqopt._base.leafwise`) dequantises a quantised input before the
 transform's arithmetic runs and quantises the matching output with the same
@@ -24,6 +25,24 @@ Two maps, after the papers:
   $(c + 1) / 2^b$, so a code never decodes to zero unless the whole block is
   zero (its scale is zero).
 
+Two normalisations: a block of consecutive elements shares one scale, its
+absolute maximum (Dettmers et al.); or, for a matrix, element $(i, j)$ is
+divided by $\min(r_i, c_j)$, the smaller of its row's and its column's absolute
+maxima (Li et al.'s *rank-1 normalisation*, which they prescribe for 4-bit
+second moments: their outliers run along whole rows and columns). With more
+axes, the least of the maxima of the slices through the element along each
+axis. Blocks are the default; rank-1 is asked for with
+`normalization="rank1"`.
+
+Two roundings: to the nearest code, or *stochastic* (Gupta et al.), the code
+just above with the probability that makes the decoded value right on
+average. A moment is re-quantised every step after being multiplied by
+$\beta$: at 4 bits, $\beta x$ (0.9 or 0.999 of $x$) usually rounds back to
+the code of $x$, so with rounding to nearest a moment stops decaying and small
+gradients stop reaching it; stochastic rounding keeps both on average. The
+random number is a hash of the element's position and value, so no key is
+stored and a state rounds the same way every time.
+
 The nearest code is computed arithmetically (comparisons for the decade,
 one floor for the grid cell), never searched: `jnp.searchsorted` over the
 map cost 70-250 ms on 4M elements where the whole float32 Adam step took 25 ms.
@@ -35,7 +54,9 @@ seconds).
 
 **References:** Dettmers, Lewis, Shleifer & Zettlemoyer, *8-bit Optimizers via
 Block-wise Quantization*, ICLR 2022; Li, Chen & Zhu, *Memory Efficient Optimizers
-with 4-bit States*, NeurIPS 2023.
+with 4-bit States*, NeurIPS 2023; Gupta, Agrawal, Gopalakrishnan & Narayanan,
+*Deep Learning with Limited Numerical Precision*, ICML 2015 (stochastic
+rounding).
 """
 
 import dataclasses
@@ -55,34 +76,52 @@ from ._sharding import gathered, like
 
 @dataclasses.dataclass(frozen=True)
 class Quantized:
-    """A storage format for optimiser moments: block-wise 8-bit or 4-bit codes.
+    """A storage format for optimiser moments: 8-bit or 4-bit codes with scales.
 
     Pass it wherever a moment dtype is accepted (`mu_dtype`, `nu_dtype` of
     [`eqopt.adam`][], [`eqopt.adamw`][], [`eqopt.lion`][], [`eqopt.rmsprop`][],
     [`eqopt.contrib.ademamix`][], [`eqopt.contrib.muon`][]...). Each moment leaf
     of at least `min_size` elements is then stored as a
-    [`eqopt.QuantizedArray`][]: per block of `block_size` elements, one float32
-    scale (the block's absolute maximum) and one code per element. Smaller
-    leaves (biases, norms' scales) stay in float32, as bitsandbytes keeps them:
-    they cost little memory and are the most sensitive to rounding.
+    [`eqopt.QuantizedArray`][]: one code per element and float32 scales, one
+    per block of `block_size` elements (the block's absolute maximum) or, with
+    rank-1 normalisation, one per row and per column. Smaller leaves (biases,
+    norms' scales) stay in float32, as bitsandbytes keeps them: they cost
+    little memory and are the most sensitive to rounding.
 
     First moments use the signed dynamic map of Dettmers et al. (or a signed
     linear map); second moments store $\\sqrt v$ on a linear map without a zero
     point, the zero-safe scheme that Li et al.'s analysis calls for:
 
     $$
-    \\hat x = s_B \\cdot q[c], \\qquad
-    s_B = \\max_{i \\in B} |x_i|, \\qquad
-    c = \\arg\\min_k |x / s_B - q[k]|
+    \\hat x = s \\cdot q[c], \\qquad
+    s = \\max_{i \\in B} |x_i| \\ \\text{(block } B\\text{)} \\quad \\text{or} \\quad
+    s_{ij} = \\min\\big(\\max_k |x_{ik}|, \\max_k |x_{kj}|\\big) \\ \\text{(rank-1)},
     $$
 
-    State bytes per parameter for Adam (two moments, scales included):
-    8-bit with blocks of 256: 2.03; 4-bit with blocks of 128: 1.06
-    (float32: 8).
+    with $c$ the nearest code to $x / s$, or with stochastic rounding one of
+    the two codes around it, chosen so that $\\hat x$ is $x$ on average.
 
-    Quantised moments are exact at zero and at each block's maximum, and the
-    relative rounding error of the dynamic map is at most half a step of its
-    decade ($0.45 / 2^i$ of $10^{i-b+2}$); see the tests for the bounds.
+    At 4 bits, moments are rounded stochastically by default: rounded to
+    nearest, a 4-bit moment stops decaying, since $\\beta x$ rounds back to
+    $x$'s code (on the digits MLP of `examples/low_memory.py`, 4-bit first
+    moments alone then ended training 32% above float32 AdamW's loss, 4-bit
+    second moments alone 20% below, and both together 8.9% above; rounded
+    stochastically, 1.3% above). Li et al. prescribe rank-1 normalisation
+    for 4-bit second moments (`Quantized(4, normalization="rank1")` as the
+    `nu_dtype`); it is not the default because on the small matrices of the
+    examples it did not measurably help, and on a CPU it makes a 4-bit Adam
+    step about 1.6 times slower (the row and column maxima are two more
+    reductions over each second moment).
+
+    State bytes per parameter for Adam (two moments, scales included):
+    8-bit with blocks of 256: 2.03; 4-bit with blocks of 128: 1.06, 1.04 with
+    rank-1 second moments of 1024×1024 matrices (float32: 8).
+
+    Quantised moments are exact at zero and at each block's maximum (with
+    rank-1 scales, at each row's and each column's maximum). Rounded to
+    nearest, the relative error of the dynamic map is at most half a step of
+    its decade ($0.45 / 2^i$ of $10^{i-b+2}$); stochastic rounding errs by less
+    than a whole step and by nothing on average. See the tests for the bounds.
 
     A transform with a quantised moment is not elementwise (blocks group
     neighbouring elements), so a packed model ([`eqopt.pack`][]) is unpacked
@@ -92,11 +131,18 @@ class Quantized:
     **Arguments:**
 
     - `bits`: 8 or 4.
-    - `block_size`: elements per scale (default 256 for 8 bits, 128 for 4 bits,
+    - `block_size`: elements per block (default 256 for 8 bits, 128 for 4 bits,
       the papers' choices). A multiple of 2.
     - `min_size`: leaves with fewer elements stay in float32 (default 4096, as
       bitsandbytes).
     - `first_moment_map`: `"dynamic"` (default) or `"linear"`.
+    - `normalization`: `"block"` (default: a scale per block of `block_size`
+      elements) or `"rank1"` (a scale per row and per column, per index of
+      every axis: fewer scales than blocks for a large matrix, more for a
+      small one), for leaves with two axes longer than one; vectors keep
+      blocks, as in Li et al.
+    - `rounding`: `"nearest"` or `"stochastic"`. Default `None`: stochastic at
+      4 bits, nearest at 8.
 
     !!! example
 
@@ -108,13 +154,17 @@ class Quantized:
 
     **References:** Dettmers et al., *8-bit Optimizers via Block-wise
     Quantization*, ICLR 2022; Li et al., *Memory Efficient Optimizers with 4-bit
-    States*, NeurIPS 2023.
+    States*, NeurIPS 2023 (rank-1 normalisation, the zero-free second moment);
+    Gupta et al., *Deep Learning with Limited Numerical Precision*, ICML 2015
+    (stochastic rounding).
     """
 
     bits: int = 8
     block_size: int | None = None
     min_size: int = 4096
     first_moment_map: Literal["dynamic", "linear"] = "dynamic"
+    normalization: Literal["block", "rank1"] = "block"
+    rounding: Literal["nearest", "stochastic"] | None = None
 
     def __post_init__(self):
         if self.bits not in (4, 8):
@@ -128,6 +178,16 @@ class Quantized:
                 "Quantized: `first_moment_map` must be 'dynamic' or 'linear', got "
                 f"{self.first_moment_map!r}."
             )
+        if self.normalization not in ("block", "rank1"):
+            raise ValueError(
+                "Quantized: `normalization` must be 'block' or 'rank1', got "
+                f"{self.normalization!r}."
+            )
+        if self.rounding not in (None, "nearest", "stochastic"):
+            raise ValueError(
+                "Quantized: `rounding` must be 'nearest', 'stochastic' or None, got "
+                f"{self.rounding!r}."
+            )
 
     @property
     def block(self) -> int:
@@ -135,6 +195,21 @@ class Quantized:
         if self.block_size is not None:
             return self.block_size
         return 256 if self.bits == 8 else 128
+
+    def normalization_of(self, shape: tuple[int, ...]) -> str:
+        """The normalisation of a moment of `shape`: `"rank1"` where asked for and
+        the leaf has two axes longer than one (vectors keep blocks, as in Li et
+        al.), `"block"` otherwise."""
+        matrix = sum(length > 1 for length in shape) >= 2
+        return "rank1" if self.normalization == "rank1" and matrix else "block"
+
+    @property
+    def rounding_in_use(self) -> str:
+        """The rounding in use: as given, or by default stochastic at 4 bits and
+        to nearest at 8."""
+        if self.rounding is not None:
+            return self.rounding
+        return "stochastic" if self.bits == 4 else "nearest"
 
 
 #: A moment's storage: a dtype, `None` (the params'), or a [`eqopt.Quantized`][] format.
@@ -270,12 +345,80 @@ def decoding_table(kind: str, bits: int) -> np.ndarray:
 
 
 @no_type_check
-def _encode(y, kind, bits):
+def _encode(y, kind, bits, rounding="nearest"):
+    if rounding == "stochastic":
+        return _encode_stochastic(y, kind, bits)
     if kind == "dynamic":
         return _encode_dynamic(y, bits)
     if kind == "linear":
         return _encode_linear_signed(y, bits)
     return _encode_linear_no_zero(y, bits)
+
+
+@no_type_check
+def _decode(codes, kind, bits):
+    """The map's value of each code (integer codes of any dtype), before scaling."""
+    if kind == "sqrt":
+        return (codes.astype(jnp.float32) + 1.0) * (1.0 / 2**bits)
+    if kind == "linear":
+        half = 2 ** (bits - 1) - 1
+        return (codes.astype(jnp.float32) - half) * (1.0 / half)
+    return _decode_dynamic(codes, bits)
+
+
+@no_type_check
+def _dither(y):
+    """A uniform number in [0, 1) per element of `y`: a hash of the element's
+    position and float bits (MurmurHash3's 32-bit finaliser), so that rounding
+    needs no key in the state and a restored checkpoint rounds as the
+    uninterrupted run does. A moment changes every step, and so do its
+    numbers; a value that comes back bit for bit (an element without gradient
+    in a block whose scale stays exactly the same) rounds the same way again,
+    which a training step, whose gradients move the scale, rarely repeats."""
+    index = jax.lax.broadcasted_iota(jnp.uint32, y.shape, 0) * jnp.uint32(
+        y.shape[1]
+    ) + jax.lax.broadcasted_iota(jnp.uint32, y.shape, 1)
+    h = jax.lax.bitcast_convert_type(y, jnp.uint32) ^ (index * jnp.uint32(0x9E3779B9))
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    h = h ^ (h >> 16)
+    return (h >> 8).astype(jnp.float32) * jnp.float32(2.0**-24)
+
+
+@no_type_check
+def _encode_stochastic(y, kind, bits):
+    """Stochastic rounding (Gupta et al.): the code of the map's value just below
+    or just above `y`, the upper one with probability (y - below) / (above -
+    below), so that the decoded value is `y` on average. Values beyond the
+    map's ends (below the second moment's first level, under the signed dynamic
+    map's lowest value) go to the end, as with rounding to nearest."""
+    if kind != "dynamic":
+        # Evenly spaced values: the one below is a floor, the chance of going up
+        # what it leaves; under the first level of the second moment's map (no
+        # zero), the first level.
+        levels = 2**bits if kind == "sqrt" else 2 ** (bits - 1) - 1
+        position = y * levels - 1.0 if kind == "sqrt" else (y + 1.0) * levels
+        # The top code: 1 (a normalised value may exceed it by a rounding).
+        top = levels - 1 if kind == "sqrt" else 2 * levels
+        below = jnp.clip(jnp.floor(position), 0.0, top)
+        up = (_dither(y) < position - below) & (position >= 0.0) & (below < top)
+        return (below + up.astype(jnp.float32)).astype(jnp.uint8)
+    nearest = _encode(y, kind, bits).astype(jnp.int32)
+    value = _decode(nearest, kind, bits)
+    # The other neighbour of `y` (one decode fewer than decoding both).
+    under = y < value
+    other = jnp.clip(jnp.where(under, nearest - 1, nearest + 1), 0, 2**bits - 1)
+    other_value = _decode(other, kind, bits)
+    below = jnp.where(under, other, nearest)
+    above = jnp.where(under, nearest, other)
+    low = jnp.where(under, other_value, value)
+    high = jnp.where(under, value, other_value)
+    # Up with probability (y - low) / (high - low), without a division; never up
+    # where the two are one value (at the map's ends).
+    up = _dither(y) * (high - low) < y - low
+    return jnp.where(up, above, below).astype(jnp.uint8)
 
 
 @no_type_check
@@ -296,26 +439,32 @@ def _unpack_nibbles(packed):
 
 
 class QuantizedArray(eqx.Module):
-    """An optimiser moment stored as block-wise codes with one scale per block.
+    """An optimiser moment stored as codes with block-wise or rank-1 scales.
 
     Made by `init` of a transform given a [`eqopt.Quantized`][] moment dtype.
     Read it with `dequantize()` (or through
     [`eqopt.tree.get`][], which dequantises); it serialises, checkpoints and
     crosses `jit` as its two arrays.
 
-    **Fields:** `codes` (uint8, one row per block; two 4-bit codes per byte),
-    `scales` (float32, one per block), and static `shape`, `dtype` (of the
-    dequantised array), `bits` and `kind` (`"dynamic"` or `"linear"`: a signed
-    first moment; `"sqrt"`: a second moment stored as $\\sqrt v$ on the linear
-    map without zero).
+    **Fields:** `codes` (uint8, the flattened moment in rows of `block_size`
+    elements; two 4-bit codes per byte), `scales` (float32: with `"block"`
+    normalisation one per row of codes, the block's absolute maximum; with
+    `"rank1"` the maxima of every slice along each axis, concatenated: a
+    matrix's row maxima, then its column maxima), and static `shape`, `dtype`
+    (of the dequantised array), `bits`, `kind` (`"dynamic"` or `"linear"`: a
+    signed first moment; `"sqrt"`: a second moment stored as $\\sqrt v$ on the
+    linear map without zero), `normalization` (`"block"` or `"rank1"`) and
+    `rounding` (`"nearest"` or `"stochastic"`, for the next quantisation).
     """
 
     codes: UInt8[Array, "blocks width"]
-    scales: Float[Array, " blocks"]
+    scales: Float[Array, " scales"]
     shape: tuple[int, ...] = eqx.field(static=True)
     dtype: Any = eqx.field(static=True)
     bits: int = eqx.field(static=True)
     kind: str = eqx.field(static=True)
+    normalization: str = eqx.field(static=True, default="block")
+    rounding: str = eqx.field(static=True, default="nearest")
 
     @property
     def size(self) -> int:
@@ -330,33 +479,35 @@ class QuantizedArray(eqx.Module):
     def dequantize(self) -> Array:
         """The moment as an array of `shape` and `dtype`."""
         codes = self.codes if self.bits == 8 else _unpack_nibbles(self.codes)
-        if self.kind == "sqrt":
-            values = (
-                (codes.astype(jnp.float32) + 1.0)
-                * (1.0 / 2**self.bits)
-                * self.scales[:, None]
+        unit = _decode(codes, self.kind, self.bits)
+        if self.normalization == "rank1":
+            values = _unflatten(unit, self.shape) * _rank1_scales(
+                self.scales, self.shape
             )
-            values = values * values
-        elif self.kind == "linear":
-            half = 2 ** (self.bits - 1) - 1
-            values = (codes.astype(jnp.float32) - half) * (1.0 / half)
-            values = values * self.scales[:, None]
         else:
-            values = _decode_dynamic(codes, self.bits) * self.scales[:, None]
-        flat = values.reshape(-1)
-        if flat.shape[0] != self.size:
-            flat = flat[: self.size]
-        return flat.reshape(self.shape).astype(self.dtype)
+            values = _unflatten(unit * self.scales[:, None], self.shape)
+        if self.kind == "sqrt":
+            values = values * values
+        return values.astype(self.dtype)
 
     @classmethod
     def quantize(
-        cls, x: Array, bits: int, kind: str, block_size: int, dtype: Any = None
+        cls,
+        x: Array,
+        bits: int,
+        kind: str,
+        block_size: int,
+        dtype: Any = None,
+        normalization: str = "block",
+        rounding: str = "nearest",
     ) -> "QuantizedArray":
-        """Quantises `x` block by block (`kind` as for the field)."""
+        """Quantises `x` (`kind`, `normalization` and `rounding` as for the fields)."""
         dtype = jnp.result_type(x) if dtype is None else dtype
+        if normalization == "rank1":
+            return _quantize_rank1(x, bits, kind, block_size, dtype, rounding)
         rows = _rows(x, kind, block_size)
         (maxima,) = _block_maxima([rows])
-        return cls._from_rows(rows, maxima, tuple(x.shape), bits, kind, dtype)
+        return cls._from_rows(rows, maxima, tuple(x.shape), bits, kind, dtype, rounding)
 
     @classmethod
     def _from_rows(
@@ -367,6 +518,7 @@ class QuantizedArray(eqx.Module):
         bits: int,
         kind: str,
         dtype: Any,
+        rounding: str = "nearest",
     ) -> "QuantizedArray":
         # A second moment stores sqrt(v): its scale is the root of the block's
         # maximum, and the root of each element is taken only here, by the
@@ -375,12 +527,17 @@ class QuantizedArray(eqx.Module):
         scales = maxima
         if kind == "sqrt":
             scales, rows = jnp.sqrt(maxima), jnp.sqrt(rows)
-        inverse = jnp.where(scales > 0, 1.0 / jnp.where(scales > 0, scales, 1.0), 0.0)
-        codes = _encode(rows * inverse[:, None], kind, bits)
+        codes = _encode(rows * _inverse(scales)[:, None], kind, bits, rounding)
         if bits == 4:
             codes = _pack_nibbles(codes)
         return cls(
-            codes=codes, scales=scales, shape=shape, dtype=dtype, bits=bits, kind=kind
+            codes=codes,
+            scales=scales,
+            shape=shape,
+            dtype=dtype,
+            bits=bits,
+            kind=kind,
+            rounding=rounding,
         )
 
     @classmethod
@@ -393,6 +550,8 @@ class QuantizedArray(eqx.Module):
         block_size: int,
         dtype: Any = jnp.float32,
         like: Array | None = None,
+        normalization: str = "block",
+        rounding: str = "nearest",
     ) -> "QuantizedArray":
         """A constant, built as codes and scales (no quantisation runs)."""
         size = math.prod(shape)
@@ -405,7 +564,9 @@ class QuantizedArray(eqx.Module):
         width = block_size if bits == 8 else block_size // 2
         byte = code if bits == 8 else code | (code << 4)
         codes = jnp.full((blocks, width), byte, jnp.uint8)
-        scales = jnp.broadcast_to(scale, (blocks,)).astype(jnp.float32)
+        # Rank-1: every slice's maximum is the constant, and so is their least.
+        count = sum(shape) if normalization == "rank1" else blocks
+        scales = jnp.broadcast_to(scale, (count,)).astype(jnp.float32)
         return cls(
             codes=codes,
             scales=scales,
@@ -413,11 +574,13 @@ class QuantizedArray(eqx.Module):
             dtype=dtype,
             bits=bits,
             kind=kind,
+            normalization=normalization,
+            rounding=rounding,
         )
 
     @property
     def block_size(self) -> int:
-        """Elements per scale."""
+        """Elements per row of codes (and per scale, with block normalisation)."""
         return self.codes.shape[1] * (1 if self.bits == 8 else 2)
 
     def requantize(self, x: Array) -> "QuantizedArray":
@@ -427,20 +590,103 @@ class QuantizedArray(eqx.Module):
 
 
 @no_type_check
-def _rows(x, kind, block_size):
-    """`x` flattened into rows of `block_size` (zero-padded; negative values of a
-    second moment clipped to zero)."""
-    # Blocks are flat: an array sharded over an explicit axis is gathered first.
-    x, _ = gathered(jnp.asarray(x, jnp.float32))
+def _inverse(scales):
+    """`1 / scales`, zero where a scale is zero (its elements are all zero)."""
+    return jnp.where(scales > 0, 1.0 / jnp.where(scales > 0, scales, 1.0), 0.0)
+
+
+@no_type_check
+def _unflatten(rows, shape):
+    """Rows of codes' values back to the moment's `shape` (the padding dropped)."""
+    flat = rows.reshape(-1)
+    size = math.prod(shape)
+    if flat.shape[0] != size:
+        flat = flat[:size]
+    return flat.reshape(shape)
+
+
+@no_type_check
+def _flatten(x, block_size):
+    """`x` flattened into rows of `block_size` (zero-padded)."""
     size = x.size
     blocks = -(-size // block_size)
     flat = x.reshape(-1)
     if blocks * block_size != size:
         flat = jnp.pad(flat, (0, blocks * block_size - size))
-    rows = flat.reshape(blocks, block_size)
+    return flat.reshape(blocks, block_size)
+
+
+@no_type_check
+def _rows(x, kind, block_size):
+    """`x` flattened into rows of `block_size` (zero-padded; negative values of a
+    second moment clipped to zero)."""
+    # Blocks are flat: an array sharded over an explicit axis is gathered first.
+    x, _ = gathered(jnp.asarray(x, jnp.float32))
+    rows = _flatten(x, block_size)
     if kind == "sqrt":
         rows = jnp.maximum(rows, 0.0)
     return rows
+
+
+@no_type_check
+def _rank1_scales(scales, shape):
+    """Each element's rank-1 scale: the least of the maxima of the slices through
+    it, one along each axis (`scales` holds them axis after axis)."""
+    # Every element needs its row's and its column's maximum: read them whole.
+    scales, _ = gathered(scales)
+    result = None
+    offset = 0
+    for axis, length in enumerate(shape):
+        maxima = scales[offset : offset + length]
+        offset += length
+        maxima = maxima.reshape([length if k == axis else 1 for k in range(len(shape))])
+        result = maxima if result is None else jnp.minimum(result, maxima)
+    return jnp.broadcast_to(result, shape)
+
+
+@no_type_check
+def _quantize_rank1(x, bits, kind, block_size, dtype, rounding):
+    """`x` quantised with rank-1 normalisation (Li et al.): each element divided by
+    the least of its slices' absolute maxima, one slice along each axis."""
+    x, _ = gathered(jnp.asarray(x, jnp.float32))
+    if kind == "sqrt":
+        # The maxima of v, rooted afterwards (as for blocks: the root of every
+        # element is taken by the encoder only).
+        x = jnp.maximum(x, 0.0)
+    magnitude = jnp.abs(x)
+    axes = range(x.ndim)
+    scales = jnp.concatenate(
+        [_maxima(magnitude, tuple(k for k in axes if k != axis)) for axis in axes]
+    )
+    if kind == "sqrt":
+        scales, x = jnp.sqrt(scales), jnp.sqrt(x)
+    normalised = x * _inverse(_rank1_scales(scales, x.shape))
+    codes = _encode(_flatten(normalised, block_size), kind, bits, rounding)
+    if bits == 4:
+        codes = _pack_nibbles(codes)
+    return QuantizedArray(
+        codes=codes,
+        scales=scales,
+        shape=tuple(x.shape),
+        dtype=dtype,
+        bits=bits,
+        kind=kind,
+        normalization="rank1",
+        rounding=rounding,
+    )
+
+
+@no_type_check
+def _maxima(magnitude, dimensions):
+    """The maximum of non-negative `magnitude` over `dimensions`, as a variadic
+    reduction of two operands (see `_block_maxima`)."""
+    maxima, _ = jax.lax.reduce(
+        (magnitude, magnitude),
+        (jnp.float32(0), jnp.float32(0)),
+        lambda a, b: (jnp.maximum(a[0], b[0]), jnp.maximum(a[1], b[1])),
+        dimensions,
+    )
+    return maxima
 
 
 @no_type_check
@@ -471,15 +717,30 @@ def _block_maxima(rows):
 @no_type_check
 def requantize_all(olds, news):
     """Each of `news` quantised in the format of the matching `olds`, with the block
-    maxima of all of them taken in one pass."""
-    rows = [
-        _rows(new, old.kind, old.block_size)
-        for old, new in zip(olds, news, strict=True)
-    ]
-    scales = _block_maxima(rows)
+    maxima of all the block-normalised ones taken in one pass."""
+    pairs = list(enumerate(zip(olds, news, strict=True)))
+    rows = {
+        index: _rows(new, old.kind, old.block_size)
+        for index, (old, new) in pairs
+        if old.normalization != "rank1"
+    }
+    blocked = _block_maxima(list(rows.values())) if rows else []
+    maxima = dict(zip(rows, blocked, strict=True))
     return [
-        QuantizedArray._from_rows(r, s, old.shape, old.bits, old.kind, old.dtype)
-        for r, s, old in zip(rows, scales, olds, strict=True)
+        QuantizedArray._from_rows(
+            rows[index],
+            maxima[index],
+            old.shape,
+            old.bits,
+            old.kind,
+            old.dtype,
+            old.rounding,
+        )
+        if index in rows
+        else _quantize_rank1(
+            new, old.bits, old.kind, old.block_size, old.dtype, old.rounding
+        )
+        for index, (old, new) in pairs
     ]
 
 
@@ -519,7 +780,14 @@ def moment_like(
                 return jnp.full_like(p, value, dtype=float_dtype)
             kind = "sqrt" if second else dtype.first_moment_map
             return QuantizedArray.full(
-                tuple(p.shape), value, dtype.bits, kind, dtype.block, jnp.float32
+                tuple(p.shape),
+                value,
+                dtype.bits,
+                kind,
+                dtype.block,
+                jnp.float32,
+                normalization=dtype.normalization_of(tuple(p.shape)),
+                rounding=dtype.rounding_in_use,
             )
         if dtype is None:
             dtype_here = real if second else p.dtype

@@ -15,7 +15,8 @@ split keep their layout: scalars (counts, hyperparameters), leaves smaller than
 `min_size`, and leaves with no such dimension. A leaf already sharded over the
 axis (the moment of a fully sharded parameter) is left as it is. A quantised
 moment ([`eqopt.QuantizedArray`][]) is split over its blocks, codes and
-scales together, where the number of blocks divides.
+scales together, where the number of blocks divides (rank-1 scales, one per
+row and column, stay whole).
 
 `zero_plan` applies the rule to the params too and reads the state's layout
 from `init` on explicitly sharded stand-ins (`_abstract_state`), so that a
@@ -130,7 +131,10 @@ def _plan(tree: Any, mesh: Any, axis: str | Sequence[str], min_size: int):
             split = entries[:1]
             reason = f"{x.size} elements, fewer than min_size={min_size}"
         codes = NamedSharding(mesh, PartitionSpec(*split, *entries[1:]))
-        scales = NamedSharding(mesh, PartitionSpec(*split))
+        # Rank-1 scales (a maximum per row and per column) are not per block:
+        # few, and read whole by every block, they stay whole.
+        rank1 = getattr(x, "normalization", "block") == "rank1"
+        scales = NamedSharding(mesh, PartitionSpec(*([None] if rank1 else split)))
         return eqx.tree_at(
             lambda q: (q.codes, q.scales), x, ((codes, reason), (scales, reason))
         )

@@ -7,7 +7,12 @@ an MLP on scikit-learn's digits (`examples/train_digits.py`'s model and data).
 
 - `float32`: AdamW, float32 params and moments (8 bytes of state per param);
 - `8-bit`, `4-bit`: the moments as `eqopt.Quantized(8)` / `eqopt.Quantized(4)`
-  block-wise codes (about 2 and 1 byte per param);
+  block-wise codes (about 2 and 1 byte per param; 4-bit codes are rounded
+  stochastically);
+- `4-bit rank-1`: 4-bit with rank-1 scales (a maximum per row and per column,
+  Li et al.'s choice) for the second moments of the matrices
+  (`normalization="rank1"`);
+- `4-bit (nearest)`: 4-bit rounded to the nearest code, for contrast;
 - `bf16 + master`: bfloat16 params, `eqopt.master_weights(adamw)` keeps float32
   copies in the state;
 - `bf16 + SR`: bfloat16 params, float32 moments, updates applied with
@@ -16,7 +21,7 @@ an MLP on scikit-learn's digits (`examples/train_digits.py`'s model and data).
 
     python examples/low_memory.py                 # 600 + 400 steps, a few minutes on 2 CPU cores
     python examples/low_memory.py --short --out /tmp/low_memory.png
-    python examples/low_memory.py --seeds 8       # digits only, the spread over seeds
+    python examples/low_memory.py --seeds 10      # digits only, the spread over seeds
 
 Prints the memory table and the final losses, and saves the loss curves.
 """
@@ -55,6 +60,22 @@ def variants(learning_rate, weight_decay):
         (
             "4-bit",
             adamw(mu_dtype=eqopt.Quantized(4), nu_dtype=eqopt.Quantized(4)),
+            jnp.float32,
+        ),
+        (
+            "4-bit rank-1",
+            adamw(
+                mu_dtype=eqopt.Quantized(4),
+                nu_dtype=eqopt.Quantized(4, normalization="rank1"),
+            ),
+            jnp.float32,
+        ),
+        (
+            "4-bit (nearest)",
+            adamw(
+                mu_dtype=eqopt.Quantized(4, rounding="nearest"),
+                nu_dtype=eqopt.Quantized(4, rounding="nearest"),
+            ),
             jnp.float32,
         ),
         ("bf16 + master", eqopt.master_weights(adamw()), jnp.bfloat16),
@@ -133,15 +154,15 @@ def seed_study(seeds, steps):
         "Gap = final loss / float32's on the same seed - 1."
     )
     print(
-        "| variant | final loss, mean ± sd | gap vs float32, mean ± sd | gap, min .. max "
-        "| test loss, mean |"
+        "| variant | final loss, mean ± sd | gap vs float32, mean ± sd | gap, median "
+        "| gap, min .. max | test loss, mean |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for name, values in finals.items():
         gap = 100 * (values / finals["float32"] - 1)
         print(
             f"| {name} | {values.mean():.5f} ± {values.std(ddof=1):.5f} "
-            f"| {gap.mean():+.1f}% ± {gap.std(ddof=1):.1f}% "
+            f"| {gap.mean():+.1f}% ± {gap.std(ddof=1):.1f}% | {np.median(gap):+.1f}% "
             f"| {gap.min():+.1f}% .. {gap.max():+.1f}% | {tests[name].mean():.4f} |"
         )
 
@@ -199,7 +220,7 @@ def main():
 
     figure, axes = plt.subplots(1, 2, figsize=(11, 4))
     for name, (lm, digits, _) in results.items():
-        style = "--" if name.startswith("bf16") else "-"
+        style = "--" if name.startswith("bf16") else ":" if "4-bit " in name else "-"
         axes[0].plot(smooth(lm.losses, 20), style, label=name)
         axes[1].plot(smooth(digits[0], 50), style, label=name)
     axes[0].set(title="Character language model", xlabel="step", ylabel="training loss")

@@ -1,4 +1,5 @@
-"""Quantised moments: the maps against the papers and bitsandbytes, error bounds,
+"""Quantised moments: the maps against the papers and bitsandbytes, rank-1
+normalisation against Li et al.'s definition, stochastic rounding, error bounds,
 zero safety, bytes per parameter, closeness to float32 Adam, and registry cases."""
 
 import io
@@ -12,7 +13,13 @@ import pytest
 from helpers import Case
 
 import eqopt
-from eqopt._quantize import QuantizedArray, _encode, decoding_table, dynamic_map
+from eqopt._quantize import (
+    QuantizedArray,
+    _encode,
+    _rank1_scales,
+    decoding_table,
+    dynamic_map,
+)
 
 # Small blocks and no size threshold, so that the registry's 4x3 model is quantised.
 Q8 = eqopt.Quantized(8, block_size=8, min_size=0)
@@ -31,6 +38,17 @@ TRANSFORM_CASES = [
     Case(
         "adamw-4bit",
         lambda: eqopt.adamw(1e-2, mu_dtype=Q4, nu_dtype=Q4),
+        no_parity_reason=NO_PARITY,
+    ),
+    # Rank-1 scales for both moments (the 4x3 leaves are matrices) and
+    # stochastic rounding, the 4-bit default.
+    Case(
+        "adamw-4bit-rank1",
+        lambda: eqopt.adamw(
+            1e-2,
+            mu_dtype=eqopt.Quantized(4, 8, 0, normalization="rank1"),
+            nu_dtype=eqopt.Quantized(4, 8, 0, normalization="rank1"),
+        ),
         no_parity_reason=NO_PARITY,
     ),
     Case(
@@ -147,15 +165,24 @@ def test_dynamic_decoding_is_the_map(bits):
 
 def test_code_lookup_is_arithmetic():
     """No search or sort in the jitted quantiser (searchsorted took 3-10x a whole Adam step)."""
-    x = jnp.ones((4096,))
-    for kind in ("dynamic", "linear", "sqrt"):
+    x = jnp.ones((64, 64))
+    formats = [
+        (bits, kind, normalization, rounding)
+        for bits in (8, 4)
+        for kind in ("dynamic", "linear", "sqrt")
+        for normalization in ("block", "rank1")
+        for rounding in ("nearest", "stochastic")
+    ]
+    for fmt in formats:
         jaxpr = str(
             jax.make_jaxpr(
-                lambda x, k=kind: QuantizedArray.quantize(x, 8, k, 256).dequantize()
+                lambda x, fmt=fmt: QuantizedArray.quantize(
+                    x, fmt[0], fmt[1], 256, None, fmt[2], fmt[3]
+                ).dequantize()
             )(x)
         )
         for primitive in ("sort", "while", "searchsorted", "scan", "gather"):
-            assert primitive not in jaxpr, (kind, primitive)
+            assert primitive not in jaxpr, (fmt, primitive)
 
 
 def test_block_maxima_are_one_pass_over_all_moments():
@@ -267,6 +294,209 @@ def test_linear_map_of_nu_itself_would_round_to_zero():
 
 
 # ---------------------------------------------------------------------------
+# Rank-1 normalisation (Li et al.)
+# ---------------------------------------------------------------------------
+
+
+def _rows_times_columns(shape, key=7):
+    """Positive values whose size is mostly a row's times a column's, each spread
+    over decades (the outlier pattern Li et al. find in second moments)."""
+    keys = jax.random.split(jax.random.key(key), 3)
+    rows = 1.5 * jax.random.normal(keys[0], (shape[0], 1))
+    columns = 1.5 * jax.random.normal(keys[1], (1, shape[1]))
+    return jnp.exp(rows + columns + 0.5 * jax.random.normal(keys[2], shape))
+
+
+@pytest.mark.parametrize("kind", ["sqrt", "dynamic", "linear"])
+def test_rank1_scale_is_the_smaller_of_row_and_column_maxima(kind):
+    """Li et al.: element (i, j) is normalised by min(max_k |x_ik|, max_k |x_kj|);
+    the scales are the row maxima then the column maxima (of sqrt(v) for a
+    second moment), and every row's and column's maximum is exact."""
+    v = _rows_times_columns((96, 160))
+    x = v if kind == "sqrt" else v * jnp.sign(jnp.sin(jnp.arange(160.0) * 3))[None, :]
+    q = QuantizedArray.quantize(x, 4, kind, 128, normalization="rank1")
+    magnitude = np.sqrt(np.asarray(v)) if kind == "sqrt" else np.abs(np.asarray(x))
+    rows, columns = magnitude.max(axis=1), magnitude.max(axis=0)
+    np.testing.assert_allclose(q.scales, np.concatenate([rows, columns]), rtol=1e-6)
+    scale = np.minimum(rows[:, None], columns[None, :])
+    np.testing.assert_allclose(_rank1_scales(q.scales, (96, 160)), scale, rtol=1e-6)
+    assert q.scales.shape == (96 + 160,) and q.normalization == "rank1"
+    assert q.codes.shape == (96 * 160 // 128, 64) and q.dequantize().shape == (96, 160)
+    deq = np.asarray(q.dequantize())
+    for axis in (0, 1):
+        top = np.argmax(magnitude, axis=axis)
+        index = (top, np.arange(160)) if axis == 0 else (np.arange(96), top)
+        # The dynamic map has no -1 (as bitsandbytes'): positive maxima are exact.
+        exact = np.asarray(x)[index] >= 0 if kind == "dynamic" else slice(None)
+        np.testing.assert_allclose(
+            deq[index][exact], np.asarray(x)[index][exact], rtol=1e-5
+        )
+
+
+def test_rank1_error_is_half_a_step_of_the_elements_scale():
+    """Rounded to nearest, sqrt(v) errs by at most half a level of min(r_i, c_j)
+    (the block bound, with the element's own scale); where sizes go by rows and
+    columns, the update's typical error is well below the block-wise one."""
+    v = _rows_times_columns((128, 256))
+    rank1 = QuantizedArray.quantize(v, 4, "sqrt", 128, normalization="rank1")
+    block = QuantizedArray.quantize(v, 4, "sqrt", 128)
+    root = np.sqrt(np.asarray(v))
+    scale = np.minimum(root.max(axis=1, keepdims=True), root.max(axis=0, keepdims=True))
+    error = np.abs(np.sqrt(np.asarray(rank1.dequantize())) - root)
+    above = root >= scale / 16
+    assert np.all(error[above] <= (scale / 32 * (1 + 1e-5))[above])
+    assert np.all(np.asarray(rank1.dequantize()) > 0)
+
+    def update_error(q):  # of 1 / sqrt(v), the factor Adam's step takes
+        return np.median(
+            np.abs(np.sqrt(np.asarray(v) / np.asarray(q.dequantize())) - 1)
+        )
+
+    assert update_error(rank1) < 0.75 * update_error(block)
+
+
+def test_rank1_with_more_axes_takes_the_least_of_every_axis_maximum():
+    x = (
+        _rows_times_columns((12, 40))[:, :, None]
+        * jnp.linspace(1.0, 3.0, 30)[None, None]
+    )
+    q = QuantizedArray.quantize(x, 4, "dynamic", 128, normalization="rank1")
+    magnitude = np.abs(np.asarray(x))
+    maxima = [
+        magnitude.max(axis=(1, 2)),
+        magnitude.max(axis=(0, 2)),
+        magnitude.max(axis=(0, 1)),
+    ]
+    np.testing.assert_allclose(q.scales, np.concatenate(maxima), rtol=1e-6)
+    scale = np.minimum(
+        np.minimum(maxima[0][:, None, None], maxima[1][None, :, None]),
+        maxima[2][None, None, :],
+    )
+    np.testing.assert_allclose(_rank1_scales(q.scales, x.shape), scale, rtol=1e-6)
+    assert np.all(np.abs(np.asarray(q.dequantize()) - magnitude) <= 0.12 * scale)
+
+
+def test_which_leaves_are_rank1():
+    """Asked for, rank-1 applies to every leaf with two axes longer than one;
+    vectors keep blocks (Li et al.). Blocks and rounding to nearest at 8 bits,
+    stochastic rounding at 4 bits, are the defaults."""
+    rank1 = eqopt.Quantized(4, normalization="rank1")
+    assert rank1.normalization_of((128, 64)) == "rank1"
+    assert rank1.normalization_of((8, 16, 16)) == "rank1"
+    assert rank1.normalization_of((4096, 1)) == "block"
+    assert rank1.normalization_of((1 << 20,)) == "block"
+    four, eight = eqopt.Quantized(4), eqopt.Quantized(8)
+    assert four.normalization_of((1024, 512)) == "block"
+    assert four.rounding_in_use == "stochastic" and eight.rounding_in_use == "nearest"
+    params = {"w": jnp.ones((128, 64)), "v": jnp.ones(8192)}
+    state = eqopt.adam(1e-3, mu_dtype=four, nu_dtype=rank1).init(params)
+    nu, mu = state[0].nu, state[0].mu
+    assert nu["w"].normalization == "rank1" and nu["w"].scales.shape == (192,)
+    assert nu["v"].normalization == "block" and mu["w"].normalization == "block"
+    assert nu["w"].rounding == mu["w"].rounding == "stochastic"
+    np.testing.assert_array_equal(nu["w"].dequantize(), 0.0)
+
+
+def test_rank1_scales_stay_whole_under_zero():
+    """ZeRO-1 splits a rank-1 moment's codes over their blocks; its scales (a
+    maximum per row and per column) are not per block and stay whole."""
+    mesh = jax.sharding.AbstractMesh(
+        (4,), ("data",), axis_types=(jax.sharding.AxisType.Auto,)
+    )
+    opt = eqopt.adam(
+        1e-3,
+        mu_dtype=eqopt.Quantized(4),
+        nu_dtype=eqopt.Quantized(4, normalization="rank1"),
+    )
+    state = eqx.filter_eval_shape(opt.init, {"w": jnp.ones((1000, 257))})
+    shardings = eqopt.zero_shardings(state, mesh, min_size=0)
+    P = jax.sharding.PartitionSpec
+    assert shardings[0].nu["w"].codes.spec == P("data", None)
+    assert shardings[0].nu["w"].scales.spec == P(None)
+    assert shardings[0].mu["w"].scales.spec == P("data")
+    assert not any("nu" in path for path in eqopt.zero_unsplit(state, mesh, min_size=0))
+
+
+# ---------------------------------------------------------------------------
+# Stochastic rounding
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "linear", "sqrt"])
+def test_stochastic_rounding_is_unbiased_and_one_step_off(kind):
+    """Each element goes to one of the two codes around it, the upper with the
+    probability that makes the decoded value right on average; values of the
+    map (zero, the maximum) are exact."""
+    table = decoding_table(kind, 4)
+    y = np.linspace(table[0], 1.0, 41, dtype=np.float32)
+    # One block per value: 4095 copies of it and the block's maximum, 1 (a
+    # second moment stores sqrt(v): v = y^2).
+    x = np.concatenate([np.repeat(y[:, None], 4095, 1), np.ones((41, 1))], axis=1)
+    x = jnp.asarray(x**2 if kind == "sqrt" else x, jnp.float32)
+
+    def decoded(rounding):
+        q = QuantizedArray.quantize(x, 4, kind, 4096, rounding=rounding)
+        values = np.asarray(q.dequantize())
+        assert np.all(values[:, -1] == 1.0)
+        return np.sqrt(values[:, :-1]) if kind == "sqrt" else values[:, :-1]
+
+    stochastic = decoded("stochastic")
+    upper = table[np.searchsorted(table, y)]
+    lower = table[np.searchsorted(table, y, side="right") - 1]
+    assert np.all(stochastic >= lower[:, None] - 1e-6)
+    assert np.all(stochastic <= upper[:, None] + 1e-6)
+    step = np.max(upper - lower)
+    np.testing.assert_allclose(stochastic.mean(axis=1), y, atol=4 * step / 64)
+    on_map = lower == upper
+    assert np.all(stochastic[on_map] == y[on_map, None])
+    # Rounded to nearest, the copies all take one code: biased.
+    assert np.max(np.abs(decoded("nearest").mean(axis=1) - y)) > 0.02
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "linear", "sqrt"])
+def test_stochastic_codes_stay_in_the_map(kind):
+    """A normalised value a rounding above 1 (or below -1) takes the end code."""
+    ends = np.float32([1.0, np.nextafter(1.0, 2.0), 1.0 + 1e-6])
+    y = np.concatenate([ends, -ends]) if kind != "sqrt" else ends
+    y = jnp.asarray(np.repeat(y[:, None], 128, axis=1))
+    codes = np.asarray(_encode(y, kind, 4, "stochastic"))
+    table = decoding_table(kind, 4)
+    np.testing.assert_array_equal(codes, np.asarray(_encode(y, kind, 4)))
+    assert codes.max() < len(table) and np.all(np.abs(table[codes]) <= 1.0)
+
+
+def test_stochastic_rounding_needs_no_key():
+    """The random numbers hash each element's position and value: the same array
+    rounds the same way, under jit too, and the state holds codes and scales only."""
+    x = jax.random.normal(jax.random.key(3), (64, 128))
+    fmt = dict(bits=4, kind="dynamic", block_size=128, rounding="stochastic")
+    first = QuantizedArray.quantize(x, **fmt)
+    again = jax.jit(lambda x: QuantizedArray.quantize(x, **fmt))(x)
+    np.testing.assert_array_equal(first.codes, again.codes)
+    assert len(jax.tree.leaves(first)) == 2
+
+
+@pytest.mark.parametrize("rounding,decayed", [("nearest", False), ("stochastic", True)])
+def test_decay_survives_stochastic_rounding(rounding, decayed):
+    """Why 4-bit moments round stochastically: an element whose gradient is zero
+    decays by beta each step, but rounded to nearest 0.9 x returns to x's code
+    (the block's maximum, fed by its gradient, keeps the scale), so it never
+    decays; rounded stochastically it decays by beta^t on average."""
+    block = jnp.concatenate([jnp.ones((256, 1)), jnp.full((256, 127), 0.5)], axis=1)
+    q = QuantizedArray.quantize(block, 4, "dynamic", 128, rounding=rounding)
+    top = jnp.zeros((256, 128)).at[:, 0].set(1.0)
+    for step in range(10):
+        maximum = 1.0 + 0.01 * jnp.sin(step + jnp.arange(256.0))[:, None]
+        q = q.requantize(top * maximum + (1 - top) * 0.9 * q.dequantize())
+    mean = float(jnp.mean(q.dequantize()[:, 1:]))
+    expected = 0.5 * 0.9**10
+    if decayed:
+        assert abs(mean - expected) < 0.1 * expected
+    else:
+        assert mean > 0.4
+
+
+# ---------------------------------------------------------------------------
 # State, memory and training
 # ---------------------------------------------------------------------------
 
@@ -288,15 +518,23 @@ def _state_bytes(state):
     )
 
 
-@pytest.mark.parametrize("bits,limit", [(8, 2.1), (4, 1.1)])
-def test_adam_state_bytes_per_parameter(bits, limit):
+@pytest.mark.parametrize(
+    "bits,normalization,limit",
+    [(8, "block", 2.1), (4, "block", 1.1), (4, "rank1", 1.05)],
+)
+def test_adam_state_bytes_per_parameter(bits, normalization, limit):
     params = _big_model()
     n = sum(x.size for x in jax.tree.leaves(params))
     fmt = eqopt.Quantized(bits)
-    state = eqopt.adam(1e-3, mu_dtype=fmt, nu_dtype=fmt).init(params)
+    nu_fmt = eqopt.Quantized(bits, normalization=normalization)
+    state = eqopt.adam(1e-3, mu_dtype=fmt, nu_dtype=nu_fmt).init(params)
     per_param = _state_bytes(state) / n
     assert per_param <= limit
     assert isinstance(state[0].mu["w"], eqopt.QuantizedArray)
+    # Rank-1 scales: rows + columns, fewer than the blocks of a large matrix.
+    if normalization == "rank1":
+        assert state[0].nu["w"].scales.shape == (1024 + 1024,)
+        assert state[0].nu["v"].scales.shape == (1000 + 257,)
     # The bias is below `min_size`: kept in float32.
     assert state[0].mu["b"].dtype == jnp.float32
     assert _state_bytes(eqopt.adam(1e-3).init(params)) / n == 8
@@ -338,10 +576,15 @@ def _cosine(a, b):
     return float(a @ b / (jnp.linalg.norm(a) * jnp.linalg.norm(b)))
 
 
-@pytest.mark.parametrize("bits,cosine", [(8, 0.99), (4, 0.9)])
-def test_quantised_adam_stays_close_to_float32_adam(bits, cosine):
+@pytest.mark.parametrize(
+    "bits,rounding,cosine", [(8, None, 0.99), (4, "nearest", 0.9), (4, None, 0.85)]
+)
+def test_quantised_adam_stays_close_to_float32_adam(bits, rounding, cosine):
+    """Step by step; stochastic rounding (the 4-bit default) trades a noisier
+    step (0.89 here, 0.93 rounded to nearest) for moments right on average
+    (`test_decay_survives_stochastic_rounding`)."""
     params = _big_model()
-    fmt = eqopt.Quantized(bits)
+    fmt = eqopt.Quantized(bits, rounding=rounding)
     reference = _train(eqopt.adam(1e-3), params)
     quantised = _train(eqopt.adam(1e-3, mu_dtype=fmt, nu_dtype=fmt), params)
     assert _cosine(reference[2]["w"], quantised[2]["w"]) > cosine
@@ -353,10 +596,18 @@ def test_quantised_adam_stays_close_to_float32_adam(bits, cosine):
     assert _cosine(mu, eqopt.tree.get(reference[1], "mu")["w"]) > cosine
 
 
+def _quantised_adam(bits):
+    """Adam with quantised moments; at 4 bits, Li et al.'s rank-1 second moment."""
+    return eqopt.adam(
+        1e-3,
+        mu_dtype=eqopt.Quantized(bits),
+        nu_dtype=eqopt.Quantized(bits, normalization="rank1" if bits == 4 else "block"),
+    )
+
+
 def test_quantised_state_serialises_and_round_trips():
     params = _big_model()
-    fmt = eqopt.Quantized(4)
-    opt = eqopt.adamw(1e-3, mu_dtype=fmt, nu_dtype=fmt)
+    opt = _quantised_adam(4)
     _, state, _ = _train(opt, params, steps=3)
     buffer = io.BytesIO()
     eqx.tree_serialise_leaves(buffer, state)
@@ -365,28 +616,34 @@ def test_quantised_state_serialises_and_round_trips():
     for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state), strict=True):
         np.testing.assert_array_equal(a, b)
     assert restored[0].mu["w"].codes.dtype == jnp.uint8
+    assert restored[0].nu["w"].normalization == "rank1"
+    np.testing.assert_array_equal(
+        restored[0].nu["w"].dequantize(), state[0].nu["w"].dequantize()
+    )
 
 
-def test_quantised_state_checkpoints_with_orbax(tmp_path):
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quantised_state_checkpoints_with_orbax(tmp_path, bits):
     ocp = pytest.importorskip("orbax.checkpoint")
     params = _big_model()
-    fmt = eqopt.Quantized(8)
-    opt = eqopt.adam(1e-3, mu_dtype=fmt, nu_dtype=fmt)
+    opt = _quantised_adam(bits)
     _, state, _ = _train(opt, params, steps=2)
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(tmp_path / "state", state)
     checkpointer.wait_until_finished()
     restored = checkpointer.restore(tmp_path / "state", opt.init(params))
     np.testing.assert_array_equal(restored[0].nu["w"].codes, state[0].nu["w"].codes)
+    np.testing.assert_array_equal(restored[0].nu["w"].scales, state[0].nu["w"].scales)
+    assert restored[0].nu["w"].normalization == state[0].nu["w"].normalization
     np.testing.assert_array_equal(
         restored[0].mu["w"].dequantize(), state[0].mu["w"].dequantize()
     )
 
 
-def test_packed_model_gives_the_per_leaf_numbers():
+@pytest.mark.parametrize("bits", [8, 4])
+def test_packed_model_gives_the_per_leaf_numbers(bits):
     params = _big_model()
-    fmt = eqopt.Quantized(8)
-    opt = eqopt.adam(1e-3, mu_dtype=fmt, nu_dtype=fmt)
+    opt = _quantised_adam(bits)
     assert not opt.elementwise
     packed = eqopt.pack(params)
     state, packed_state = opt.init(params), opt.init(packed)
@@ -420,5 +677,9 @@ def test_bad_format_is_one_short_error():
         eqopt.Quantized(3)
     with pytest.raises(ValueError, match="block_size"):
         eqopt.Quantized(8, block_size=7)
+    with pytest.raises(ValueError, match="normalization"):
+        eqopt.Quantized(4, normalization="rows")  # pyright: ignore[reportArgumentType]
+    with pytest.raises(ValueError, match="rounding"):
+        eqopt.Quantized(4, rounding="up")  # pyright: ignore[reportArgumentType]
     with pytest.raises(ValueError, match="uncentred"):
         eqopt.rmsprop(1e-3, centered=True, nu_dtype=eqopt.Quantized(8))
