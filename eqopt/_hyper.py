@@ -11,9 +11,9 @@ The converter turns a Python, NumPy or concrete JAX number into a NumPy 0-d
 array held in host memory: a dynamic leaf under `eqx.filter_jit` (changing it
 does not recompile) that a step donating all its arguments cannot delete (only
 device buffers are donated). `init` and `update` see every such leaf weakly
-typed ([`weakly_typed`][eqopt._hyper.weakly_typed]), so a hyperparameter never
-promotes a `bfloat16` computation. The converter's
-argument annotation is what type checkers accept in the constructor, so
+typed (`weakly_typed`), so a hyperparameter never promotes a `bfloat16`
+computation. The converter's argument annotation is what type checkers accept
+in the constructor, so
 `ScaleByAdam(b1=0.9)` is clean under pyright. (pyright reads a converter only
 when it is passed to `eqx.field` itself, which is why there is no wrapper
 factory.) `check_fields`, run by the base classes' `__check_init__`, then refuses

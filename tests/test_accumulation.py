@@ -344,3 +344,24 @@ def test_every_k_one_with_a_skip_rule_and_a_float_schedule():
         _, state = opt.update({"w": jnp.ones(2)}, state, params)
         pattern.append(bool(opt.has_updated(state)))
     assert pattern == [False, True, False, True]
+
+
+def test_a_leaf_without_gradient_on_a_mini_step():
+    # Found by test_properties: a param with an array but a `None` gradient gave
+    # branches of different structures (the skip branch kept the buffer's array,
+    # accumulating gave `None`). A missing gradient adds zero to the buffer, and
+    # the update is `None` there.
+    params = {"w": jnp.ones(3), "extra": jnp.asarray(1.5)}
+    opt = eqopt.MultiSteps(
+        eqopt.sgd(1.0),
+        every_k_schedule=2,
+        should_skip_update_fn=eqopt.skip_not_finite,
+    )
+    state = opt.init(params)
+    step = eqx.filter_jit(opt.update)
+    updates, state = step({"w": jnp.ones(3), "extra": jnp.asarray(2.0)}, state, params)
+    assert updates["extra"] is not None
+    updates, state = step({"w": jnp.ones(3), "extra": None}, state, params)
+    assert updates["extra"] is None
+    np.testing.assert_allclose(updates["w"], -jnp.ones(3))
+    np.testing.assert_allclose(state.acc_grads["extra"], 0.0)

@@ -218,3 +218,14 @@ def test_a_mask_of_the_wrong_structure_names_the_place():
         ValueError, match=r"at \['b'\], it has nothing where the params"
     ):
         eqopt.masked(eqopt.scale(2.0), {"a": True}).init({"b": jnp.ones(2)})
+
+
+def test_a_mask_that_selects_nothing_passes_every_update_through():
+    # Found by test_properties: on a one-leaf model a mask that selects nothing
+    # left the inner transform without params (`adaptive_grad_clip needs params`).
+    params = jnp.asarray(1.5)
+    opt = eqopt.masked(eqopt.adaptive_grad_clip(0.3), lambda x: x.ndim > 0)
+    with pytest.warns(UserWarning, match="selects no trainable leaf"):
+        state = opt.init(params)
+    updates, new_state = eqx.filter_jit(opt.update)(jnp.asarray(-0.25), state, params)
+    np.testing.assert_allclose(updates, -0.25)

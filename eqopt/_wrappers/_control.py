@@ -63,9 +63,12 @@ def select(predicate: Any, on_true: Any, on_false: Any) -> Any:
 
 @no_type_check
 def cast_like(tree: Any, structure: Any) -> Any:
-    """Casts the array leaves of `tree` to the dtypes in `structure` (a real part for real)."""
+    """Casts the array leaves of `tree` to the dtypes in `structure` (a real part for
+    real); `None` where `structure` has `None` (no gradient there)."""
 
     def cast(x, s):
+        if s is None:
+            return None
         if x is None or not eqx.is_array(x):
             return x
         if jnp.iscomplexobj(x) and not jnp.issubdtype(s.dtype, jnp.complexfloating):

@@ -336,6 +336,15 @@ class MultiSteps(AbstractGradientTransformation):
             def add(g, acc):
                 return acc + g.astype(acc.dtype)
 
+        # A leaf without a gradient this mini-step (`None`, where the buffer holds
+        # an array) adds a zero gradient: the buffer keeps its structure, which
+        # the branches of `update` must share.
+        updates = jax.tree.map(
+            lambda g, acc: jnp.zeros_like(acc) if g is None and acc is not None else g,
+            updates,
+            state.acc_grads,
+            is_leaf=lambda x: x is None,
+        )
         return leafwise(add, updates, state.acc_grads)
 
     def has_updated(self, state: MultiStepsState) -> Bool[Array, ""]:

@@ -102,8 +102,14 @@ class Masked(AbstractGradientTransformation):
         **extra_args: Any,
     ) -> tuple[Updates, MaskedState]:
         selection = self._selection(updates if params is None else params)
+        selected = keep_selected(updates, selection)
+        if not jax.tree.leaves(selected):
+            # Nothing selected (the warning at `init` said so): every update passes
+            # through, and the inner transform, which would see no leaf (and no
+            # params, on a one-leaf tree), is not run.
+            return updates, state
         inner_updates, inner_state = self.inner.update(
-            keep_selected(updates, selection),
+            selected,
             state.inner_state,
             None if params is None else keep_selected(params, selection),
             **extra_args,
