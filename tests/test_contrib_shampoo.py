@@ -291,7 +291,10 @@ def test_block_factors_shard_over_their_block_axis():
     per axis with a leading block axis, are sharded one block per device, and a
     jitted step keeps that layout and the unsharded numbers."""
     env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    env["XLA_FLAGS"] = (
+        "--xla_force_host_platform_device_count=8 "
+        "--xla_cpu_collective_call_terminate_timeout_seconds=600"
+    )
     env["JAX_PLATFORMS"] = "cpu"
     result = subprocess.run(
         [sys.executable, "-c", SHARDING_SCRIPT],

@@ -164,7 +164,8 @@ def test_state_keeps_parameter_sharding():
     env = dict(os.environ)
     # Eager steps compile many small programs: skip XLA's backend optimisations.
     env["XLA_FLAGS"] = (
-        "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+        "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
+        "--xla_cpu_collective_call_terminate_timeout_seconds=600"
     )
     env["JAX_PLATFORMS"] = "cpu"
     result = subprocess.run(

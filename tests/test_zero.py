@@ -378,9 +378,13 @@ def test_quantized_moments_split_over_blocks():
 def run_script(script: str, *, devices: int = 8, timeout: int = 600, **values) -> str:
     env = dict(os.environ)
     # Eager steps compile many small programs: skip XLA's backend optimisations.
+    # On a loaded 2-core machine one simulated device's thread can be starved for
+    # longer than XLA's 40 s collective deadline (an abort, seen once under
+    # `pytest -n 2`): allow 10 minutes, within the script's own timeout.
     env["XLA_FLAGS"] = (
         f"--xla_force_host_platform_device_count={devices} "
-        "--xla_backend_optimization_level=0"
+        "--xla_backend_optimization_level=0 "
+        "--xla_cpu_collective_call_terminate_timeout_seconds=600"
     )
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join(

@@ -18,6 +18,7 @@ from .._base import (
     OptState,
     Params,
     Updates,
+    is_none,
     is_trainable,
     leafwise,
     zeros_like_trainable,
@@ -339,12 +340,18 @@ class MultiSteps(AbstractGradientTransformation):
         # A leaf without a gradient this mini-step (`None`, where the buffer holds
         # an array) adds a zero gradient: the buffer keeps its structure, which
         # the branches of `update` must share.
-        updates = jax.tree.map(
-            lambda g, acc: jnp.zeros_like(acc) if g is None and acc is not None else g,
-            updates,
-            state.acc_grads,
-            is_leaf=lambda x: x is None,
-        )
+        # (Only where the trees match: otherwise `leafwise` names the place.)
+        if jax.tree.structure(updates, is_leaf=is_none) == jax.tree.structure(
+            state.acc_grads, is_leaf=is_none
+        ):
+            updates = jax.tree.map(
+                lambda g, acc: (
+                    jnp.zeros_like(acc) if g is None and acc is not None else g
+                ),
+                updates,
+                state.acc_grads,
+                is_leaf=is_none,
+            )
         return leafwise(add, updates, state.acc_grads)
 
     def has_updated(self, state: MultiStepsState) -> Bool[Array, ""]:
