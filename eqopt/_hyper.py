@@ -52,10 +52,17 @@ def is_concrete(x: Any) -> bool:
     return eqx.is_array(x) and not isinstance(x, jax.core.Tracer)
 
 
-def _float_dtype() -> np.dtype:
-    # NumPy float64 is exact for a Python float; JAX canonicalises it at the `jit`
-    # boundary (to float32 unless x64 is on), as it does a Python float.
-    return np.dtype(np.float64)
+# NumPy float64 is exact for a Python float; JAX canonicalises it at the `jit`
+# boundary (to float32 unless x64 is on), as it does a Python float.
+_HOST_FLOAT = np.dtype(np.float64)
+
+
+def on_host(value: Any, dtype: Any = None) -> Any:
+    """A concrete array as a NumPy array (host memory, which a step that donates
+    its arguments cannot delete); a traced one as it is. Optionally cast."""
+    if isinstance(value, jax.core.Tracer):
+        return value if dtype is None else value.astype(dtype)
+    return np.asarray(value, dtype=dtype)
 
 
 def _to_scalar(value: Any) -> Any:
@@ -68,7 +75,7 @@ def _to_scalar(value: Any) -> Any:
     if isinstance(value, (bool, np.bool_)):
         return value
     if isinstance(value, (int, float, np.integer, np.floating)):
-        return np.asarray(float(value), dtype=_float_dtype())
+        return np.asarray(float(value), dtype=_HOST_FLOAT)
     if isinstance(value, jax.core.Tracer):
         if jnp.issubdtype(value.dtype, jnp.integer):
             value = value.astype(jnp.result_type(float))
@@ -76,7 +83,7 @@ def _to_scalar(value: Any) -> Any:
     if isinstance(value, np.ndarray) or eqx.is_array(value):
         value = np.asarray(value)
         if np.issubdtype(value.dtype, np.integer):
-            value = value.astype(_float_dtype())
+            value = value.astype(_HOST_FLOAT)
         return value
     return value
 
@@ -176,10 +183,8 @@ def as_int_scalar(value: int | Int[ArrayLike, ""]) -> IntScalar:
     """
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
         return np.asarray(int(value))
-    if isinstance(value, np.ndarray) or (
-        eqx.is_array(value) and not isinstance(value, jax.core.Tracer)
-    ):
-        return np.asarray(value)
+    if eqx.is_array(value):
+        return on_host(value)
     return value  # pyright: ignore[reportReturnType]
 
 
@@ -241,12 +246,6 @@ def _passes_unchecked(value: Any, schedule_allowed: bool, none_allowed: bool) ->
     return schedule_allowed and callable(value) and not eqx.is_array(value)
 
 
-def _host_value(value: Any) -> Any:
-    # A concrete value as NumPy: checked in Python even while tracing (a `jnp`
-    # function of a NumPy constant is staged out under `jit`).
-    return value if isinstance(value, (np.ndarray, np.generic)) else np.asarray(value)
-
-
 def check_fields(module: eqx.Module) -> None:
     """Checks every hyperparameter field of `module` against what it may hold.
 
@@ -283,7 +282,9 @@ def check_fields(module: eqx.Module) -> None:
                 f"{owner}: hyperparameter `{field.name}` must be {expected}, "
                 f"got {_describe(value)}.{hint}"
             )
-        if is_concrete(value) and not bool(np.isfinite(_host_value(value))):
+        # In NumPy: checked in Python even while tracing (a `jnp` function of a
+        # NumPy constant is staged out under `jit`).
+        if is_concrete(value) and not bool(np.isfinite(np.asarray(value))):
             raise ValueError(
                 f"{owner}: hyperparameter `{field.name}` must be finite, got {value.item()}."
             )

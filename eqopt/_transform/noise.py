@@ -16,6 +16,7 @@ from .._hyper import (
     ScalarOrSchedule,
     as_scalar,
     check_hyperparameter,
+    on_host,
 )
 from .._numerics import safe_int32_increment
 from .basic import ScaleByLearningRate
@@ -28,17 +29,12 @@ KeyLike: TypeAlias = (
 
 
 @no_type_check
-def _on_host(data: Any) -> Any:
-    # Like a hyperparameter, the key rests in host memory (NumPy): a step that
-    # donates all its arguments cannot delete it. A traced key stays traced.
-    return data if isinstance(data, jax.core.Tracer) else np.asarray(data)
-
-
 def _key_data_and_impl(key: Any) -> tuple[Array | np.ndarray, str | None]:
     """Splits a key into its raw `uint32` data and the name of its PRNG implementation.
 
     Accepts an integer seed, a typed key (`jax.random.key`) or a raw key
-    (`jax.random.PRNGKey`, read with the default implementation).
+    (`jax.random.PRNGKey`, read with the default implementation). Like a
+    hyperparameter, the data rests in host memory (`on_host`).
     """
     if isinstance(key, (bool, np.bool_)):
         raise TypeError("`key` must be a PRNG key or an integer seed, got a bool.")
@@ -49,9 +45,9 @@ def _key_data_and_impl(key: Any) -> tuple[Array | np.ndarray, str | None]:
             raise ValueError(
                 f"`key` must be a single PRNG key, got an array of shape {key.shape}."
             )
-        return _on_host(jax.random.key_data(key)), str(jax.random.key_impl(key))
+        return on_host(jax.random.key_data(key)), str(jax.random.key_impl(key))
     if eqx.is_array(key) and key.dtype == jnp.uint32 and key.ndim == 1:
-        return _on_host(key), None
+        return on_host(key), None
     if eqx.is_array(key) and key.ndim == 0 and jnp.issubdtype(key.dtype, jnp.integer):
         return _key_data_and_impl(int(key))
     raise TypeError(

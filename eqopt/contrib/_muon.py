@@ -6,7 +6,6 @@ from typing import Any, Literal, no_type_check
 
 import equinox as eqx
 import jax
-import jax.core
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
@@ -29,6 +28,7 @@ from .._hyper import (
     as_scalar,
     check_decays,
     check_hyperparameter,
+    on_host,
 )
 from .._numerics import debias, safe_int32_increment
 from .._quantize import MomentDType, cast_moment, moment_like
@@ -96,10 +96,8 @@ def _as_coefficients(value: Coefficients) -> Float[Array | np.ndarray, "..."]:
                 f"{sorted(_PRESETS)}."
             )
         value = _PRESETS[value]
-    if isinstance(value, jax.core.Tracer):
-        return jnp.asarray(value, jnp.float32)
     # In host memory, like a scalar hyperparameter (see `eqopt.as_scalar`).
-    return np.asarray(value, dtype=np.float32)
+    return on_host(value, np.float32)
 
 
 @no_type_check

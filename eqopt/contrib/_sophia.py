@@ -5,7 +5,6 @@ from typing import Any, no_type_check
 
 import equinox as eqx
 import jax
-import jax.core
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import DTypeLike
@@ -33,6 +32,7 @@ from .._hyper import (
     as_scalar,
     check_decays,
     check_hyperparameter,
+    on_host,
 )
 from .._interop import as_transform
 from .._numerics import debias, safe_int32_increment
@@ -51,12 +51,10 @@ def _seed_on_host(key: PRNGKeyArray | None) -> PRNGKeyArray | np.ndarray | None:
     # A raw key rests in host memory, like a hyperparameter (see `eqopt.as_scalar`):
     # a step that donates all its arguments cannot delete it. A typed key has no
     # host form and is kept.
-    if (
-        isinstance(key, jax.Array)
-        and not isinstance(key, jax.core.Tracer)
-        and not jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    if isinstance(key, jax.Array) and not jnp.issubdtype(
+        key.dtype, jax.dtypes.prng_key
     ):
-        return np.asarray(key)
+        return on_host(key)
     return key
 
 
