@@ -266,9 +266,14 @@ def _unpacking_update(method: Callable) -> Callable:
             updates, params
         ):
             reference = updates if contains_packed(updates) else params
-            unpacked = unpack_all(updates)
+            quantized = [
+                x for x in jax.tree.leaves(state, is_leaf=is_quantized) if is_quantized(x)
+            ]
+            # 4-bit codes pair elements two to a byte: see `unpack_all`.
+            static = any(x.bits == 4 for x in quantized)
+            unpacked = unpack_all(updates, static)
             new_updates, state = method(
-                self, unpacked, state, unpack_all(params), **extra_args
+                self, unpacked, state, unpack_all(params, static), **extra_args
             )
             # Repack what is shaped like the updates (a measurement, say, is not).
             if jax.tree.structure(new_updates, is_leaf=is_none) != jax.tree.structure(
@@ -278,10 +283,7 @@ def _unpacking_update(method: Callable) -> Callable:
             # Quantised moments make each leaf's update a long expression
             # (decoding, Adam's arithmetic): concatenated, it was fused into one
             # pass over the buffer behind a branch per leaf (see `_assemble`).
-            computed = any(
-                is_quantized(x) for x in jax.tree.leaves(state, is_leaf=is_quantized)
-            )
-            return repack_like(reference, new_updates, computed), state
+            return repack_like(reference, new_updates, bool(quantized)), state
         return method(self, updates, state, params, **extra_args)
 
     return update

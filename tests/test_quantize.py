@@ -659,6 +659,26 @@ def test_packed_model_gives_the_per_leaf_numbers(bits):
     assert isinstance(packed_state[0].mu["w"], eqopt.QuantizedArray)
 
 
+@pytest.mark.parametrize("bits", [8, 4])
+def test_packed_gradient_is_cut_at_offsets_xla_sees_only_for_4_bits(bits):
+    # With run-time offsets (`_split.py`), XLA on CPU did not vectorise the
+    # kernel that packs 4-bit codes two to a byte: a packed 4-bit Adam step
+    # took 3-4 times as long as with static slices (benchmarks/lowbit_bench.py).
+    # 8-bit codes keep the run-time offsets (same speed, fewer kernels).
+    params = _big_model()
+    opt = _quantised_adam(bits)
+    packed = eqopt.pack(params)
+    state = opt.init(packed)
+    grads = eqopt.Packed.like(packed, jax.tree.map(jnp.cos, params))
+
+    def step(packed, state, grads):
+        updates, state = opt.update(grads, state, packed)
+        return eqopt.apply_updates(packed, updates), state
+
+    text = jax.jit(step).lower(packed, state, grads).as_text()
+    assert ("dynamic_slice" in text) == (bits == 8)
+
+
 def test_vmap_over_learning_rates_with_quantised_moments():
     params = {"w": jnp.ones((64, 64))}
     fmt = eqopt.Quantized(8, min_size=0)

@@ -210,9 +210,10 @@ def _assemble(leaves: list, layout: _Layout, bases: tuple | None = None) -> tupl
 
 
 @no_type_check
-def _split(buffers: tuple, layout: _Layout) -> dict[int, Array]:
+def _split(buffers: tuple, layout: _Layout, static: bool = False) -> dict[int, Array]:
     # One split per buffer, not one slice per leaf: see `_split.py` for why
-    # (the gradient is one concatenation, each shape one kernel).
+    # (the gradient is one concatenation, each shape one kernel). `static`
+    # slices at offsets XLA sees (see `unpack_all`).
     out = {}
     for index, (buffer, (_, _, sharding)) in enumerate(
         zip(buffers, layout.buffers, strict=True)
@@ -228,7 +229,7 @@ def _split(buffers: tuple, layout: _Layout) -> dict[int, Array]:
             # offsets that do not divide by the axis, so it is gathered first,
             # the all-gather that gives every device the whole update anyway.
             buffer = gathered(buffer)[0]
-        pieces = split_buffer(buffer, sizes, sharded=sharding is not None)
+        pieces = split_buffer(buffer, sizes, sharded=sharding is not None or static)
         for slot, piece in zip(slots, pieces, strict=True):
             out[slot.leaf_index] = piece.reshape(slot.shape)
     return out
@@ -308,8 +309,11 @@ class Packed(eqx.Module):
         On a packed gradient or update the trainable leaves are the gradients
         and every other leaf is `None`, as `eqx.filter_grad` would give.
         """
+        return self._unpack()
+
+    def _unpack(self, static: bool = False) -> PyTree[Any]:
         leaves = self.structure.leaves(self.rest_leaves)
-        for index, value in _split(self.buffers, self.layout).items():
+        for index, value in _split(self.buffers, self.layout, static).items():
             leaves[index] = value
         return jax.tree.unflatten(self.structure.treedef, leaves)
 
@@ -443,12 +447,19 @@ def contains_packed(*trees: Any) -> bool:
 
 
 @no_type_check
-def unpack_all(tree: Any) -> Any:
-    """Replaces every `Packed` node in `tree` by its unpacked model."""
+def unpack_all(tree: Any, static: bool = False) -> Any:
+    """Replaces every `Packed` node in `tree` by its unpacked model.
+
+    `static` cuts the leaves at offsets XLA sees (`lax.split`) rather than at
+    run-time offsets (`_split.py`): more distinct kernels to compile, but XLA
+    on CPU then vectorises a kernel that reads a leaf's elements out of order,
+    as packing 4-bit codes two to a byte does (with run-time offsets, a packed
+    4-bit Adam step took 3-4 times as long as with these; 8-bit was the same).
+    """
     if isinstance(tree, Packed):
-        return tree.unpack()
+        return tree._unpack(static)
     return jax.tree.map(
-        lambda x: x.unpack() if isinstance(x, Packed) else x,
+        lambda x: x._unpack(static) if isinstance(x, Packed) else x,
         tree,
         is_leaf=lambda x: isinstance(x, Packed),
     )
