@@ -267,7 +267,9 @@ def _unpacking_update(method: Callable) -> Callable:
         ):
             reference = updates if contains_packed(updates) else params
             quantized = [
-                x for x in jax.tree.leaves(state, is_leaf=is_quantized) if is_quantized(x)
+                x
+                for x in jax.tree.leaves(state, is_leaf=is_quantized)
+                if is_quantized(x)
             ]
             # 4-bit codes pair elements two to a byte: see `unpack_all`.
             static = any(x.bits == 4 for x in quantized)
