@@ -96,6 +96,7 @@ if _TYPE_CHECKING:
         ScalarOrSchedule as ScalarOrSchedule,
         as_scalar as as_scalar,
         as_scalar_or_schedule as as_scalar_or_schedule,
+        on_host as on_host,
     )
     from ._interop import (
         FromOptax as FromOptax,

@@ -255,7 +255,7 @@ def _unpacking_init(method: Callable) -> Callable:
 def _unpacking_update(method: Callable) -> Callable:
     @functools.wraps(method)
     def update(self, updates, state, params=None, **extra_args):
-        # Hyperparameters rest on the host as NumPy scalars; here they are weak.
+        # Hyperparameters are weak here, also strongly-typed or NumPy ones.
         self = weak_hyperparameters(self)
         # `float0` gradients (integer leaves under `jax.grad(allow_int=True)`) mean
         # "no gradient": the same as `None`.

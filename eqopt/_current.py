@@ -49,7 +49,7 @@ def current_hyperparams(
     """
     found: list[tuple[tuple[str, ...], Any]] = []
     _collect(transform, state, (), found)
-    # As `update` sees them: weakly typed (a constant rests on the host as NumPy).
+    # As `update` sees them: weakly typed (also NumPy ones, from `eqopt.on_host`).
     return {
         _key(path, found): weakly_typed(jnp.asarray(value)) for path, value in found
     }

@@ -7,12 +7,13 @@ b1: Scalar = eqx.field(default=0.9, converter=as_scalar)
 learning_rate: Scalar | Schedule = eqx.field(converter=as_scalar_or_schedule)
 ```
 
-The converter turns a Python, NumPy or concrete JAX number into a NumPy 0-d
-array held in host memory: a dynamic leaf under `eqx.filter_jit` (changing it
-does not recompile) that a step donating all its arguments cannot delete (only
-device buffers are donated). `init` and `update` see every such leaf weakly
-typed (`weakly_typed`), so a hyperparameter never promotes a `bfloat16`
-computation. The converter's argument annotation is what type checkers accept
+The converter turns a Python or NumPy number into a weakly-typed JAX scalar: a
+dynamic leaf under `eqx.filter_jit` (changing it does not recompile) that
+crosses the `jit` boundary without a copy. `init` and `update` see every real
+0-d leaf weakly typed (`weakly_typed`), so a hyperparameter never promotes a
+`bfloat16` computation, whether it is a JAX scalar, a user's strongly-typed
+one, or a NumPy one (`on_host`: an optimiser that a step donating all its
+arguments cannot delete). The converter's argument annotation is what type checkers accept
 in the constructor, so
 `ScaleByAdam(b1=0.9)` is clean under pyright. (pyright reads a converter only
 when it is passed to `eqx.field` itself, which is why there is no wrapper
@@ -32,9 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int, Real
 
-#: What a scalar hyperparameter field holds: a float scalar, a NumPy 0-d array at
-#: rest (host memory, so that donating the optimiser to a step cannot delete it),
-#: a JAX scalar when traced or set by the user.
+#: What a scalar hyperparameter field holds: a float JAX scalar (weakly typed
+#: when made from a number), or a NumPy 0-d array after `eqopt.on_host`.
 Scalar: TypeAlias = Float[Array | np.ndarray, ""]
 #: What an integer hyperparameter field holds (see `Scalar`).
 IntScalar: TypeAlias = Int[Array | np.ndarray, ""]
@@ -52,52 +52,82 @@ def is_concrete(x: Any) -> bool:
     return eqx.is_array(x) and not isinstance(x, jax.core.Tracer)
 
 
-# NumPy float64 is exact for a Python float; JAX canonicalises it at the `jit`
-# boundary (to float32 unless x64 is on), as it does a Python float.
-_HOST_FLOAT = np.dtype(np.float64)
-
-
-def on_host(value: Any, dtype: Any = None) -> Any:
-    """A concrete array as a NumPy array (host memory, which a step that donates
-    its arguments cannot delete); a traced one as it is. Optionally cast."""
+def as_array(value: Any, dtype: Any = None) -> Any:
+    """An array-like as a JAX array (a traced one as it is), optionally cast."""
     if isinstance(value, jax.core.Tracer):
         return value if dtype is None else value.astype(dtype)
-    return np.asarray(value, dtype=dtype)
+    return jnp.asarray(value, dtype=dtype)
 
 
 def _to_scalar(value: Any) -> Any:
-    # Numbers become NumPy float scalars (host memory: a step that donates all its
-    # arguments cannot delete them); integers become floats, so that `sgd(1)`
-    # and `sgd(1.0)` are the same optimiser. A concrete JAX array is copied to
-    # the host too; a traced one (a `vmap` sweep, a meta-gradient) is kept.
-    # Anything else is returned as it is, for `check_fields` to refuse with the
-    # field's name.
+    # Numbers become weakly-typed float scalars; integers become floats, so that
+    # `sgd(1)` and `sgd(1.0)` are the same optimiser. An array (JAX or NumPy) is
+    # a JAX array of its own float dtype; a traced one (a `vmap` sweep, a
+    # meta-gradient) is kept. Anything else is returned as it is, for
+    # `check_fields` to refuse with the field's name.
     if isinstance(value, (bool, np.bool_)):
         return value
     if isinstance(value, (int, float, np.integer, np.floating)):
-        return np.asarray(float(value), dtype=_HOST_FLOAT)
-    if isinstance(value, jax.core.Tracer):
+        return jnp.asarray(float(value))  # a Python float gives a weakly-typed array
+    if isinstance(value, np.ndarray) or eqx.is_array(value):
+        value = as_array(value)
         if jnp.issubdtype(value.dtype, jnp.integer):
             value = value.astype(jnp.result_type(float))
         return value
-    if isinstance(value, np.ndarray) or eqx.is_array(value):
-        value = np.asarray(value)
-        if np.issubdtype(value.dtype, np.integer):
-            value = value.astype(_HOST_FLOAT)
-        return value
     return value
+
+
+def on_host(tree: Any) -> Any:
+    """`tree` (an optimiser, a schedule) with every concrete JAX array leaf held as
+    a NumPy array in host memory, for a step that donates all its arguments.
+
+    `eqx.filter_jit(donate="all")` donates every array argument, and XLA may
+    reuse a donated buffer for an output of the same shape and dtype: with a
+    step `train_step(model, opt_state, opt, batch)` that also returns a loss,
+    the learning rate's float32 scalar was given to the loss, and the next call
+    failed with "Array has been deleted". Only device buffers are donated, so an
+    optimiser whose hyperparameters rest on the host survives such a step.
+    Inside `init` and `update` a NumPy scalar is weakly typed, as a JAX one is:
+    the numbers are the same.
+
+    The price: each host array is copied to the device at every call of the
+    step (measured per scalar and per call: about 1.5 µs on a CPU, 45-75 µs on
+    an H100 or H200, where Adam's five made a small model's step 1.75 times as
+    long). Prefer a step that does not donate the optimiser:
+    `donate="all-except-first"` with the optimiser as the first argument, or
+    [`eqopt.TrainState`][], whose step returns it. Typed PRNG keys have no host
+    form and are kept.
+
+    !!! example
+
+        ```python
+        opt = eqopt.on_host(eqopt.adamw(1e-3))
+
+        @eqx.filter_jit(donate="all")
+        def train_step(model, opt_state, opt, x, y): ...
+        ```
+    """
+
+    def host(x: Any) -> Any:
+        if (
+            isinstance(x, jax.Array)
+            and not isinstance(x, jax.core.Tracer)
+            and not jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+        ):
+            return np.asarray(x)
+        return x
+
+    return jax.tree.map(host, tree)
 
 
 def as_scalar(value: ScalarLike) -> Scalar:
     """The field converter of a scalar hyperparameter: a number becomes a scalar leaf.
 
-    A Python, NumPy or concrete JAX number becomes a NumPy 0-d float array (an
-    integer becomes a float), held in host memory: the field is a dynamic leaf
-    under `eqx.filter_jit` (changing it does not recompile), and a step that
-    donates all its arguments (`eqx.filter_jit(donate="all")`) cannot delete
-    it, as it would a device buffer. A traced value is kept as it is. Inside
-    `init` and `update` the value is weakly typed, so it does not promote
-    `bfloat16`.
+    A Python or NumPy number becomes a weakly-typed JAX scalar (an integer
+    becomes a float), so the field is a dynamic leaf under `eqx.filter_jit`
+    (changing it does not recompile) that does not promote `bfloat16`; an
+    array stays an array of its dtype (seen weakly typed inside `init` and
+    `update`). A traced value is kept as it is.
 
     Use it as `eqx.field(default=0.9, converter=eqopt.as_scalar)` with the
     annotation `eqopt.Scalar` (see "Writing your own transform" in the docs),
@@ -115,11 +145,10 @@ except ImportError:  # pragma: no cover
 def weakly_typed(x: Any) -> Any:
     """A real 0-d leaf as a weakly-typed JAX scalar; anything else as it is.
 
-    Hyperparameters rest in host memory as NumPy scalars (strongly typed) and
-    enter a `jit` as strongly-typed inputs; this is how `init` and `update` see
-    them, so that `b1 * mu` stays `bfloat16` for `bfloat16` moments, as with a
-    Python number. A user's strongly-typed JAX scalar is weakened alike: a
-    hyperparameter never decides a moment's dtype.
+    A user's strongly-typed JAX scalar, and a NumPy one (`on_host`, which enters
+    a `jit` strongly typed), are seen weakly typed by `init` and `update`, so
+    that `b1 * mu` stays `bfloat16` for `bfloat16` moments, as with a Python
+    number: a hyperparameter never decides a moment's dtype.
     """
     if isinstance(x, (np.ndarray, np.generic)):
         if x.ndim == 0 and x.dtype.kind in "fiu":
@@ -178,29 +207,28 @@ def as_optional_scalar_or_schedule(
 def as_int_scalar(value: int | Int[ArrayLike, ""]) -> IntScalar:
     """Field converter for an integer hyperparameter that is a dynamic leaf.
 
-    Like [`eqopt.as_scalar`][], a concrete value is kept in host memory as a
-    NumPy 0-d array; a traced one is kept as it is.
+    Like [`eqopt.as_scalar`][], a number becomes a weakly-typed JAX scalar; an
+    array is kept as it is.
     """
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
-        return np.asarray(int(value))
+        return jnp.asarray(int(value))
     if eqx.is_array(value):
-        return on_host(value)
+        return as_array(value)
     return value  # pyright: ignore[reportReturnType]
 
 
 def as_number(value: Any) -> Any:
-    """A Python, NumPy or concrete JAX number as a NumPy scalar of its own kind.
+    """A Python, NumPy or JAX number as a JAX scalar of its own kind.
 
     Unlike `as_scalar`, integers stay integers: `inject_hyperparams` keeps an
-    integer hyperparameter (a number of steps, say) as it was given. Like it,
-    the value rests in host memory (see `as_scalar`), and `init` and `update`
-    see it weakly typed. A traced value is kept as it is.
+    integer hyperparameter (a number of steps, say) as it was given. A number
+    gives a weakly-typed scalar; an array is kept (a NumPy one as a JAX array).
     """
     if isinstance(value, jax.core.Tracer):
         return value
     if isinstance(value, (np.number, np.bool_)):
         value = value.item()
-    return np.asarray(value)
+    return jnp.asarray(value)
 
 
 # What each converter allows besides a real scalar array.

@@ -70,7 +70,7 @@ def test_printed_optimiser_matches_getting_started():
     page = (ROOT / "docs/getting-started.md").read_text()
     for line in (
         "ScaleByAdam(b1=0.9, b2=0.999, eps=1e-08, eps_root=0.0)",
-        "AddDecayedWeights(weight_decay=0.0001)",
+        "AddDecayedWeights(weight_decay=1e-04)",
         "ScaleByLearningRate(learning_rate=0.001)",
     ):
         assert line in text and line in page

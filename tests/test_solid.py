@@ -275,26 +275,32 @@ def test_current_hyperparams_of_injected_and_wrapped_optimisers():
 # ---------------------------------------------------------------------------
 
 
-def test_the_optimiser_survives_a_step_that_donates_everything():
-    # `train_step(model, opt_state, optim, batch)` under `donate="all"`: the loss
-    # (a float32 scalar output) takes the first float32 scalar input buffer left
-    # unclaimed, which was the learning rate's when hyperparameters were device
-    # arrays. The second call then failed with "Array has been deleted".
-    def loss_fn(model, x, y):
-        return jnp.mean((jax.vmap(model)(x) - y) ** 2)
-
-    @eqx.filter_jit(donate="all")
-    def train_step(model, opt_state, optim, x, y):
-        loss, grads = eqx.filter_value_and_grad(loss_fn)(model, x, y)
-        updates, opt_state = optim.update(grads, opt_state, model)
-        return eqx.apply_updates(model, updates), opt_state, loss
-
+def _train_step_optimisers():
     schedule = eqopt.warmup_cosine_decay_schedule(0.0, 1e-2, 2, 10)
-    for optim in (
+    return (
         eqopt.adamw(schedule, weight_decay=0.1),
         eqopt.chain(eqopt.clip_by_global_norm(1.0), eqopt.sgd(1e-2, momentum=0.9)),
         eqopt.inject_hyperparams(eqopt.adam)(learning_rate=1e-2),
-    ):
+    )
+
+
+def _loss_fn(model, x, y):
+    return jnp.mean((jax.vmap(model)(x) - y) ** 2)
+
+
+def test_on_host_optimiser_survives_a_step_that_donates_everything():
+    # `train_step(model, opt_state, optim, batch)` under `donate="all"`: the loss
+    # (a float32 scalar output) takes the first float32 scalar input buffer left
+    # unclaimed, the learning rate's when it is a device array, and the second
+    # call fails with "Array has been deleted". `eqopt.on_host` keeps every
+    # hyperparameter in host memory, which no step can take.
+    @eqx.filter_jit(donate="all")
+    def train_step(model, opt_state, optim, x, y):
+        loss, grads = eqx.filter_value_and_grad(_loss_fn)(model, x, y)
+        updates, opt_state = optim.update(grads, opt_state, model)
+        return eqx.apply_updates(model, updates), opt_state, loss
+
+    for optim in map(eqopt.on_host, _train_step_optimisers()):
         model = eqx.nn.MLP(3, 2, 8, 2, key=jax.random.key(0))
         opt_state = optim.init(model)
         losses = []
@@ -305,6 +311,42 @@ def test_the_optimiser_survives_a_step_that_donates_everything():
         assert losses[2] < losses[0]
         # The optimiser holds no device buffer for a step to take.
         assert not [x for x in jax.tree.leaves(optim) if isinstance(x, jax.Array)]
+
+
+def test_the_documented_step_keeps_the_optimiser_and_does_not_recompile():
+    # Getting started: the optimiser and the batch in the first argument, which
+    # `donate="all-except-first"` keeps; the model and the state are donated.
+    traces = []
+
+    @eqx.filter_jit(donate="all-except-first")
+    def train_step(inputs, model, opt_state):
+        traces.append(None)
+        optim, x, y = inputs
+        loss, grads = eqx.filter_value_and_grad(_loss_fn)(model, x, y)
+        updates, opt_state = optim.update(grads, opt_state, model)
+        return eqx.apply_updates(model, updates), opt_state, loss
+
+    for optim in _train_step_optimisers():
+        traces.clear()
+        model = eqx.nn.MLP(3, 2, 8, 2, key=jax.random.key(0))
+        opt_state = optim.init(model)
+        x, y = jnp.ones((4, 3)), jnp.zeros((4, 2))
+        first = None
+        for step in range(4):
+            if step == 2 and isinstance(optim, eqopt.Chain):
+                # A new gradient-clipping threshold or weight decay: no new program.
+                leaves, treedef = jax.tree.flatten(optim)
+                optim = jax.tree.unflatten(
+                    treedef,
+                    [
+                        x * 0.5 if eqx.is_inexact_array(x) and x.ndim == 0 else x
+                        for x in leaves
+                    ],
+                )
+            model, opt_state, loss = train_step((optim, x, y), model, opt_state)
+            first = float(loss) if first is None else first
+        assert float(loss) < first
+        assert len(traces) == 1
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,9 @@ from .._hyper import (
     Scalar,
     ScalarLike,
     ScalarOrSchedule,
+    as_array,
     as_scalar,
     check_hyperparameter,
-    on_host,
 )
 from .._numerics import safe_int32_increment
 from .basic import ScaleByLearningRate
@@ -33,8 +33,8 @@ def _key_data_and_impl(key: Any) -> tuple[Array | np.ndarray, str | None]:
     """Splits a key into its raw `uint32` data and the name of its PRNG implementation.
 
     Accepts an integer seed, a typed key (`jax.random.key`) or a raw key
-    (`jax.random.PRNGKey`, read with the default implementation). Like a
-    hyperparameter, the data rests in host memory (`on_host`).
+    (`jax.random.PRNGKey`, read with the default implementation). The data is
+    a JAX array.
     """
     if isinstance(key, (bool, np.bool_)):
         raise TypeError("`key` must be a PRNG key or an integer seed, got a bool.")
@@ -45,9 +45,9 @@ def _key_data_and_impl(key: Any) -> tuple[Array | np.ndarray, str | None]:
             raise ValueError(
                 f"`key` must be a single PRNG key, got an array of shape {key.shape}."
             )
-        return on_host(jax.random.key_data(key)), str(jax.random.key_impl(key))
+        return as_array(jax.random.key_data(key)), str(jax.random.key_impl(key))
     if eqx.is_array(key) and key.dtype == jnp.uint32 and key.ndim == 1:
-        return on_host(key), None
+        return as_array(key), None
     if eqx.is_array(key) and key.ndim == 0 and jnp.issubdtype(key.dtype, jnp.integer):
         return _key_data_and_impl(int(key))
     raise TypeError(

@@ -90,7 +90,8 @@ class _AbstractInjectHyperparams(AbstractGradientTransformation):
     hyperparam_dtype: DTypeLike | None = eqx.field(static=True)
     # The dtype of each hyperparameter given as a strongly-typed JAX array, kept
     # in the state as it is (as in Optax); the others are cast to the params'.
-    # Static, because every value rests on the host as NumPy (see `as_number`).
+    # Static, because `eqopt.on_host` makes every value NumPy, which has no weak
+    # type to tell them apart.
     strong_dtypes: tuple[tuple[str, str], ...] = eqx.field(static=True)
 
     def _set_arguments(

@@ -24,11 +24,11 @@ from .._hyper import (
     Scalar,
     ScalarLike,
     ScalarOrSchedule,
+    as_array,
     as_optional_scalar,
     as_scalar,
     check_decays,
     check_hyperparameter,
-    on_host,
 )
 from .._numerics import debias, safe_int32_increment
 from .._quantize import MomentDType, cast_moment, moment_like
@@ -96,8 +96,7 @@ def _as_coefficients(value: Coefficients) -> Float[Array | np.ndarray, "..."]:
                 f"{sorted(_PRESETS)}."
             )
         value = _PRESETS[value]
-    # In host memory, like a scalar hyperparameter (see `eqopt.as_scalar`).
-    return on_host(value, np.float32)
+    return as_array(value, jnp.float32)
 
 
 @no_type_check

@@ -32,7 +32,6 @@ from .._hyper import (
     as_scalar,
     check_decays,
     check_hyperparameter,
-    on_host,
 )
 from .._interop import as_transform
 from .._numerics import debias, safe_int32_increment
@@ -45,17 +44,6 @@ class HutchinsonState(eqx.Module):
     """The state of [`eqopt.contrib.HutchinsonEstimatorDiagHessian`][]: the random key."""
 
     key: PRNGKeyArray
-
-
-def _seed_on_host(key: PRNGKeyArray | None) -> PRNGKeyArray | np.ndarray | None:
-    # A raw key rests in host memory, like a hyperparameter (see `eqopt.as_scalar`):
-    # a step that donates all its arguments cannot delete it. A typed key has no
-    # host form and is kept.
-    if isinstance(key, jax.Array) and not jnp.issubdtype(
-        key.dtype, jax.dtypes.prng_key
-    ):
-        return on_host(key)
-    return key
 
 
 class HutchinsonEstimatorDiagHessian(AbstractGradientTransformation):
@@ -90,9 +78,7 @@ class HutchinsonEstimatorDiagHessian(AbstractGradientTransformation):
     # the params.
     params_like_updates = False
 
-    random_seed: PRNGKeyArray | np.ndarray | None = eqx.field(
-        default=None, converter=_seed_on_host
-    )
+    random_seed: PRNGKeyArray | np.ndarray | None = None
 
     @property
     def elementwise(self) -> bool:

@@ -83,8 +83,8 @@ class AbstractSchedule(eqx.Module):
 
         value_at(schedule, jnp.array(500))
         # A new peak is a new leaf value, not a recompile. Convert it as the
-        # constructor does (a NumPy scalar, like the original): a Python float
-        # leaf would be static under `filter_jit`.
+        # constructor does (a weakly-typed scalar, like the original): a Python
+        # float leaf would be static under `filter_jit`.
         schedule = eqx.tree_at(lambda s: s.peak_value, schedule, eqopt.as_scalar(2e-3))
         value_at(schedule, jnp.array(500))
         ```
@@ -93,8 +93,9 @@ class AbstractSchedule(eqx.Module):
     @no_type_check
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        # Hyperparameters rest on the host as NumPy scalars; a schedule computes
-        # with them weakly typed, as with Python numbers.
+        # A schedule computes with its hyperparameters weakly typed, as with
+        # Python numbers, also where they are strongly typed or NumPy
+        # (`eqopt.on_host`).
         call = cls.__dict__.get("__call__")
         if callable(call) and not getattr(call, "__isabstractmethod__", False):
 
