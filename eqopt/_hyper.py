@@ -13,9 +13,9 @@ crosses the `jit` boundary without a copy. `init` and `update` see every real
 0-d leaf weakly typed (`weakly_typed`), so a hyperparameter never promotes a
 `bfloat16` computation, whether it is a JAX scalar, a user's strongly-typed
 one, or a NumPy one (`on_host`: an optimiser that a step donating all its
-arguments cannot delete). The converter's argument annotation is what type checkers accept
-in the constructor, so
-`ScaleByAdam(b1=0.9)` is clean under pyright. (pyright reads a converter only
+arguments cannot delete). The converter's argument annotation is what type
+checkers accept in the constructor, so `ScaleByAdam(b1=0.9)` is clean under
+pyright. (pyright reads a converter only
 when it is passed to `eqx.field` itself, which is why there is no wrapper
 factory.) `check_fields`, run by the base classes' `__check_init__`, then refuses
 anything a converter could not turn into what the annotation says, naming the
@@ -92,8 +92,8 @@ def on_host(tree: Any) -> Any:
 
     The price: each host array is copied to the device at every call of the
     step (measured per scalar and per call: about 1.5 µs on a CPU, 45-75 µs on
-    an H100 or H200, where Adam's five made a small model's step 1.75 times as
-    long). Prefer a step that does not donate the optimiser:
+    an H200, where Adam's five made a small model's step 1.75 times as long;
+    `benchmarks/hyperparameter_transfer.py`). Prefer a step that does not donate the optimiser:
     `donate="all-except-first"` with the optimiser as the first argument, or
     [`eqopt.TrainState`][], whose step returns it. Typed PRNG keys have no host
     form and are kept.
