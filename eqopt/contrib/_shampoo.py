@@ -347,9 +347,18 @@ class ScaleByShampoo(AbstractGradientTransformation):
             for (_, _, exponent, _), entries in buckets.items():
                 matrices = [s.reshape(-1, *s.shape[-2:]) for _, _, s in entries]
                 sizes = [m.shape[0] for m in matrices]
-                root, error = jax.vmap(lambda m, e=exponent: self._root(m, e))(
+                stacked = (
                     jnp.concatenate(matrices) if len(matrices) > 1 else matrices[0]
                 )
+                root_of = lambda m, e=exponent: self._root(m, e)  # noqa: E731
+                if self.root_method != "newton" and jax.default_backend() == "cpu":
+                    # One eigendecomposition at a time on a CPU: jaxlib's batched
+                    # `eigh` waits for tasks it queues on the thread pool that
+                    # runs the program, and with every worker waiting the step
+                    # hung (5 of 8 runs of the zoo's Shampoo on 2 cores).
+                    root, error = jax.lax.map(root_of, stacked)
+                else:
+                    root, error = jax.vmap(root_of)(stacked)
                 failed = ~(error < self.inverse_failure_threshold)
                 offset = 0
                 for (position, axis, s), size in zip(entries, sizes, strict=True):
