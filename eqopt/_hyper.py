@@ -52,13 +52,6 @@ def is_concrete(x: Any) -> bool:
     return eqx.is_array(x) and not isinstance(x, jax.core.Tracer)
 
 
-def as_array(value: Any, dtype: Any = None) -> Any:
-    """An array-like as a JAX array (a traced one as it is), optionally cast."""
-    if isinstance(value, jax.core.Tracer):
-        return value if dtype is None else value.astype(dtype)
-    return jnp.asarray(value, dtype=dtype)
-
-
 def _to_scalar(value: Any) -> Any:
     # Numbers become weakly-typed float scalars; integers become floats, so that
     # `sgd(1)` and `sgd(1.0)` are the same optimiser. An array (JAX or NumPy) is
@@ -70,7 +63,7 @@ def _to_scalar(value: Any) -> Any:
     if isinstance(value, (int, float, np.integer, np.floating)):
         return jnp.asarray(float(value))  # a Python float gives a weakly-typed array
     if isinstance(value, np.ndarray) or eqx.is_array(value):
-        value = as_array(value)
+        value = jnp.asarray(value)
         if jnp.issubdtype(value.dtype, jnp.integer):
             value = value.astype(jnp.result_type(float))
         return value
@@ -213,7 +206,7 @@ def as_int_scalar(value: int | Int[ArrayLike, ""]) -> IntScalar:
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
         return jnp.asarray(int(value))
     if eqx.is_array(value):
-        return as_array(value)
+        return jnp.asarray(value)
     return value  # pyright: ignore[reportReturnType]
 
 

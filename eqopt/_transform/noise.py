@@ -1,6 +1,6 @@
 """Annealed Gaussian gradient noise."""
 
-from typing import Any, TypeAlias, no_type_check
+from typing import Any, TypeAlias
 
 import equinox as eqx
 import jax
@@ -14,7 +14,6 @@ from .._hyper import (
     Scalar,
     ScalarLike,
     ScalarOrSchedule,
-    as_array,
     as_scalar,
     check_hyperparameter,
 )
@@ -28,13 +27,11 @@ KeyLike: TypeAlias = (
 )
 
 
-@no_type_check
 def _key_data_and_impl(key: Any) -> tuple[Array | np.ndarray, str | None]:
     """Splits a key into its raw `uint32` data and the name of its PRNG implementation.
 
     Accepts an integer seed, a typed key (`jax.random.key`) or a raw key
-    (`jax.random.PRNGKey`, read with the default implementation). The data is
-    a JAX array.
+    (`jax.random.PRNGKey`, read with the default implementation).
     """
     if isinstance(key, (bool, np.bool_)):
         raise TypeError("`key` must be a PRNG key or an integer seed, got a bool.")
@@ -45,9 +42,9 @@ def _key_data_and_impl(key: Any) -> tuple[Array | np.ndarray, str | None]:
             raise ValueError(
                 f"`key` must be a single PRNG key, got an array of shape {key.shape}."
             )
-        return as_array(jax.random.key_data(key)), str(jax.random.key_impl(key))
+        return jax.random.key_data(key), str(jax.random.key_impl(key))
     if eqx.is_array(key) and key.dtype == jnp.uint32 and key.ndim == 1:
-        return as_array(key), None
+        return key, None
     if eqx.is_array(key) and key.ndim == 0 and jnp.issubdtype(key.dtype, jnp.integer):
         return _key_data_and_impl(int(key))
     raise TypeError(

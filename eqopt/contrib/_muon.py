@@ -24,7 +24,6 @@ from .._hyper import (
     Scalar,
     ScalarLike,
     ScalarOrSchedule,
-    as_array,
     as_optional_scalar,
     as_scalar,
     check_decays,
@@ -96,7 +95,7 @@ def _as_coefficients(value: Coefficients) -> Float[Array | np.ndarray, "..."]:
                 f"{sorted(_PRESETS)}."
             )
         value = _PRESETS[value]
-    return as_array(value, jnp.float32)
+    return jnp.asarray(value, jnp.float32)
 
 
 @no_type_check

@@ -1,6 +1,7 @@
 """Shampoo: blocked Kronecker-factored preconditioning with grafting."""
 
 import dataclasses
+import functools
 import math
 from typing import Any, Literal, no_type_check
 
@@ -350,7 +351,7 @@ class ScaleByShampoo(AbstractGradientTransformation):
                 stacked = (
                     jnp.concatenate(matrices) if len(matrices) > 1 else matrices[0]
                 )
-                root_of = lambda m, e=exponent: self._root(m, e)  # noqa: E731
+                root_of = functools.partial(self._root, exponent=exponent)
                 if self.root_method != "newton" and jax.default_backend() == "cpu":
                     # One eigendecomposition at a time on a CPU: jaxlib's batched
                     # `eigh` waits for tasks it queues on the thread pool that
