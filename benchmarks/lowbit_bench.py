@@ -46,6 +46,12 @@ VARIANTS = {
         nu_dtype=eqopt.Quantized(8),
     ),
     "4-bit": dict(mu_dtype=eqopt.Quantized(4), nu_dtype=eqopt.Quantized(4)),
+    # Packed, the model unpacked for the transform (blocks within leaves, the
+    # per-leaf numbers); the rows above quantise each buffer as one array.
+    "8-bit, leaf blocks": dict(
+        mu_dtype=eqopt.Quantized(8, packed_blocks="leaf"),
+        nu_dtype=eqopt.Quantized(8, packed_blocks="leaf"),
+    ),
 }
 
 

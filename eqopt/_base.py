@@ -34,7 +34,13 @@ from ._leaves import (
     outside_eqopt,
     path_str as path_str,
 )
-from ._quantize import call_dequantized, is_quantized, is_quantized_format, moment_like
+from ._quantize import (
+    DECODING,
+    call_dequantized,
+    is_quantized,
+    is_quantized_format,
+    moment_like,
+)
 from ._signatures import accepts_extra_args
 from ._structure import structure_mismatch_message as structure_mismatch_message
 
@@ -240,7 +246,7 @@ def _unpacking_init(method: Callable) -> Callable:
             _hint_bucketing(self, params)
         _INIT.depth += 1
         try:
-            if not (self.handles_packed or self.elementwise) and contains_packed(
+            if not (self.handles_packed or self.runs_on_buffers) and contains_packed(
                 params
             ):
                 return method(self, unpack_all(params))
@@ -262,7 +268,7 @@ def _unpacking_update(method: Callable) -> Callable:
         updates = drop_float0(updates)
         if self.params_like_updates:
             check_structure(updates, params)
-        if not (self.handles_packed or self.elementwise) and contains_packed(
+        if not (self.handles_packed or self.runs_on_buffers) and contains_packed(
             updates, params
         ):
             reference = updates if contains_packed(updates) else params
@@ -274,9 +280,13 @@ def _unpacking_update(method: Callable) -> Callable:
             # 4-bit codes pair elements two to a byte: see `unpack_all`.
             static = any(x.bits == 4 for x in quantized)
             unpacked = unpack_all(updates, static)
-            new_updates, state = method(
-                self, unpacked, state, unpack_all(params, static), **extra_args
-            )
+            outer, DECODING.on_unpacked_leaves = DECODING.on_unpacked_leaves, True
+            try:
+                new_updates, state = method(
+                    self, unpacked, state, unpack_all(params, static), **extra_args
+                )
+            finally:
+                DECODING.on_unpacked_leaves = outer
             # Repack what is shaped like the updates (a measurement, say, is not).
             if jax.tree.structure(new_updates, is_leaf=is_none) != jax.tree.structure(
                 unpacked, is_leaf=is_none
@@ -375,8 +385,11 @@ class AbstractGradientTransformation(eqx.Module):
 
         True for elementwise transforms, and for those that do their per-leaf
         part on the buffers themselves: a weight-decay mask selects segments of
-        a buffer ([`eqopt.AddDecayedWeights`][]). [`eqopt.bucketed`][] buckets,
-        and the default path hints to, only where this holds.
+        a buffer ([`eqopt.AddDecayedWeights`][]), and a quantised moment of a
+        buffer is one quantised array ([`eqopt.Quantized`][]'s
+        `packed_blocks`). Otherwise a packed model is unpacked for the
+        transform. [`eqopt.bucketed`][] buckets, and the default path hints
+        to, only where this holds.
         """
         return self.elementwise
 

@@ -62,6 +62,7 @@ rounding).
 import dataclasses
 import functools
 import math
+import threading
 from typing import Any, Literal, no_type_check
 
 import equinox as eqx
@@ -71,7 +72,7 @@ import numpy as np
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, UInt8
 
-from ._sharding import gathered, like
+from ._sharding import explicit_sharding, gathered, like
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,10 +124,18 @@ class Quantized:
     its decade ($0.45 / 2^i$ of $10^{i-b+2}$); stochastic rounding errs by less
     than a whole step and by nothing on average. See the tests for the bounds.
 
-    A transform with a quantised moment is not elementwise (blocks group
-    neighbouring elements), so a packed model ([`eqopt.pack`][]) is unpacked
-    for it and the blocks never straddle two leaves: the numbers are the same
-    packed or not.
+    On a packed model ([`eqopt.pack`][], [`eqopt.bucketed`][]) a moment is by
+    default quantised as one array per buffer (`packed_blocks="buffer"`): the
+    step runs on the buffers as they are, as float32 Adam's does, where
+    cutting the model into leaves and gluing the update back made a packed
+    8-bit Adam step 1.2 (H100) to 2 (CPU) times the per-leaf one
+    (`benchmarks/lowbit_bench.py`). Blocks then run across the boundaries between leaves, and
+    leaves under `min_size` are quantised with their neighbours (a buffer
+    under `min_size` stays in float32), so the numbers differ from the
+    per-leaf ones by a rounding: the tests bound the difference, and training
+    is as close to float32 Adam either way. `packed_blocks="leaf"` unpacks the
+    model for the transform instead and gives the per-leaf numbers and state;
+    so does rank-1 normalisation, which needs the leaves' matrices.
 
     **Arguments:**
 
@@ -143,6 +152,10 @@ class Quantized:
       blocks, as in Li et al.
     - `rounding`: `"nearest"` or `"stochastic"`. Default `None`: stochastic at
       4 bits, nearest at 8.
+    - `packed_blocks`: on a packed model, `"buffer"` (default: each buffer's
+      moment is one quantised array, blocks across leaves) or `"leaf"` (the
+      model is unpacked for the transform: blocks within leaves, small leaves
+      in float32, the per-leaf numbers).
 
     !!! example
 
@@ -165,6 +178,7 @@ class Quantized:
     first_moment_map: Literal["dynamic", "linear"] = "dynamic"
     normalization: Literal["block", "rank1"] = "block"
     rounding: Literal["nearest", "stochastic"] | None = None
+    packed_blocks: Literal["buffer", "leaf"] = "buffer"
 
     def __post_init__(self):
         if self.bits not in (4, 8):
@@ -182,6 +196,11 @@ class Quantized:
             raise ValueError(
                 "Quantized: `normalization` must be 'block' or 'rank1', got "
                 f"{self.normalization!r}."
+            )
+        if self.packed_blocks not in ("buffer", "leaf"):
+            raise ValueError(
+                "Quantized: `packed_blocks` must be 'buffer' or 'leaf', got "
+                f"{self.packed_blocks!r}."
             )
         if self.rounding not in (None, "nearest", "stochastic"):
             raise ValueError(
@@ -298,10 +317,22 @@ def _encode_dynamic(y, bits):
 
 
 @no_type_check
-def _decode_dynamic(codes, bits):
-    """The dynamic map's value of each code, computed arithmetically (a table
-    lookup is a gather, which XLA on CPU runs as a pass of its own; on an H100
-    it was no faster than this arithmetic)."""
+def _decode_dynamic(codes, bits, lookup=False):
+    """The dynamic map's value of each code: arithmetically (fused into every
+    kernel that reads it), or with `lookup` looked up in the map."""
+    if not lookup:
+        return _decode_dynamic_arithmetic(codes, bits)
+    table = jnp.asarray(dynamic_map(bits))
+    sharding = explicit_sharding(codes)
+    if sharding is None:
+        return jnp.take(table, codes.astype(jnp.int32), mode="clip")
+    # Codes split over an explicit mesh axis: the values are split alike.
+    return table.at[codes.astype(jnp.int32)].get(mode="clip", out_sharding=sharding)
+
+
+@no_type_check
+def _decode_dynamic_arithmetic(codes, bits):
+    """The dynamic map's value of each code, from the code's bits."""
     decades = bits - 1
     signed = codes.astype(jnp.float32) - (2**decades - 1)
     # One more than the rank among positive values: 2^i + j in decade i.
@@ -357,14 +388,15 @@ def _encode(y, kind, bits, rounding="nearest"):
 
 
 @no_type_check
-def _decode(codes, kind, bits):
-    """The map's value of each code (integer codes of any dtype), before scaling."""
+def _decode(codes, kind, bits, lookup=False):
+    """The map's value of each code (integer codes of any dtype), before scaling;
+    `lookup` as for `_decode_dynamic`."""
     if kind == "sqrt":
         return (codes.astype(jnp.float32) + 1.0) * (1.0 / 2**bits)
     if kind == "linear":
         half = 2 ** (bits - 1) - 1
         return (codes.astype(jnp.float32) - half) * (1.0 / half)
-    return _decode_dynamic(codes, bits)
+    return _decode_dynamic(codes, bits, lookup)
 
 
 @no_type_check
@@ -434,6 +466,33 @@ def _unpack_nibbles(packed):
     return jnp.stack([low, high], axis=-1).reshape(*packed.shape[:-1], -1)
 
 
+class _Decoding(threading.local):
+    #: Set while a transform runs on the leaves of an unpacked packed model.
+    on_unpacked_leaves = False
+
+
+DECODING = _Decoding()
+
+
+@no_type_check
+def _looks_up(bits):
+    """Whether a stored moment's dynamic-map codes are decoded by a lookup.
+
+    On CPU, at 8 bits: XLA runs the gather as a pass of its own that writes
+    the values once, where the arithmetic was repeated in each of the three
+    kernels that read a moment (its block maxima, the update, the new codes):
+    an 8-bit Adam step took 0.7-0.8 of the time (`benchmarks/lowbit_bench.py`).
+    Not at 4 bits, nor on the leaves cut from a packed buffer: there the
+    lookup made the step 1.7-2.4 times as long. Off CPU, arithmetic: fused
+    into each kernel, it costs no memory traffic (on an H100 the lookup was no
+    faster). Both give the map's values to float32's last bit (the
+    arithmetic's differs for 66 of the 256 8-bit codes).
+    """
+    return (
+        bits == 8 and not DECODING.on_unpacked_leaves and jax.default_backend() == "cpu"
+    )
+
+
 # ---------------------------------------------------------------------------
 # The quantised array
 # ---------------------------------------------------------------------------
@@ -480,7 +539,7 @@ class QuantizedArray(eqx.Module):
     def dequantize(self) -> Array:
         """The moment as an array of `shape` and `dtype`."""
         codes = self.codes if self.bits == 8 else _unpack_nibbles(self.codes)
-        unit = _decode(codes, self.kind, self.bits)
+        unit = _decode(codes, self.kind, self.bits, _looks_up(self.bits))
         if self.normalization == "rank1":
             values = _unflatten(unit, self.shape) * _rank1_scales(
                 self.scales, self.shape
@@ -681,13 +740,13 @@ def _quantize_rank1(x, bits, kind, block_size, dtype, rounding):
 def _maxima(magnitude, dimensions):
     """The maximum of non-negative `magnitude` over `dimensions`, as a variadic
     reduction of two operands (see `_block_maxima`)."""
-    maxima, _ = jax.lax.reduce(
-        (magnitude, magnitude),
+    maxima, negated = jax.lax.reduce(
+        (magnitude, -magnitude),
         (jnp.float32(0), jnp.float32(0)),
         lambda a, b: (jnp.maximum(a[0], b[0]), jnp.maximum(a[1], b[1])),
         dimensions,
     )
-    return maxima
+    return jnp.maximum(maxima, negated)
 
 
 @no_type_check
@@ -702,17 +761,22 @@ def _block_maxima(rows):
     shapes = {r.shape for r in rows}
     if len(shapes) > 1:
         return [m for r in rows for m in _block_maxima([r])]
-    # Two operands at least: a single-operand max goes to the library reduction.
-    operands = [jnp.abs(r) for r in rows] + (
-        [jnp.abs(rows[0])] if len(rows) == 1 else []
-    )
+    # Two operands at least: a single-operand max goes to the library reduction,
+    # which reads the rows from a float32 temporary. The second operand of a
+    # single array is its negation, whose maximum is folded into the result (it
+    # is never larger than the absolute maximum): a copy of the first operand
+    # would be merged with it, and an unused output removed, leaving a
+    # single-operand reduction again.
+    operands = [jnp.abs(r) for r in rows] + ([-rows[0]] if len(rows) == 1 else [])
     maxima = jax.lax.reduce(
         tuple(operands),
         tuple(jnp.float32(0) for _ in operands),
         lambda a, b: tuple(jnp.maximum(x, y) for x, y in zip(a, b, strict=True)),
         (1,),
     )
-    return list(maxima[: len(rows)])
+    if len(rows) == 1:
+        return [jnp.maximum(maxima[0], maxima[1])]
+    return list(maxima)
 
 
 @no_type_check
@@ -849,6 +913,18 @@ def call_dequantized(fn: Any, u: Any, rest: Any) -> Any:
     for (k, _, _), new in zip(pairs, requantized, strict=True):
         outputs[k] = new
     return (out[0], *outputs)
+
+
+def quantized_on_buffers(*dtypes: Any) -> bool:
+    """Whether a transform whose arithmetic is elementwise, with these moment
+    dtypes, runs on packed buffers as they are: every quantised format among
+    them quantises a packed buffer as one array (`packed_blocks="buffer"`, block
+    normalisation). True when none is quantised."""
+    return all(
+        dtype.packed_blocks == "buffer" and dtype.normalization == "block"
+        for dtype in dtypes
+        if is_quantized_format(dtype)
+    )
 
 
 def any_quantized(*dtypes: Any) -> bool:

@@ -54,6 +54,11 @@ def _explicit_sharding(x: Any) -> Any:
     return None
 
 
+def explicit_sharding(x: Any) -> Any:
+    """The sharding of `x` if it names an explicit mesh axis, else `None`."""
+    return _explicit_sharding(x)
+
+
 def is_explicitly_sharded(x: Any) -> bool:
     """Whether `x` is sharded over an explicit mesh axis."""
     return _explicit_sharding(x) is not None

@@ -26,13 +26,49 @@ def _trainable(model):
 PACKABLE = [c for c in ALL_CASES if not c.random]
 
 
+def _quantised_on_buffers(tx, state):
+    """Whether `tx` quantises a packed buffer's moments as one array (the default
+    of `eqopt.Quantized`'s `packed_blocks`): then its numbers are those of the
+    transform on the buffers taken as leaves, not on the model's leaves."""
+    quantised = [
+        x
+        for x in jax.tree.leaves(
+            state, is_leaf=lambda x: isinstance(x, eqopt.QuantizedArray)
+        )
+        if isinstance(x, eqopt.QuantizedArray)
+    ]
+    return bool(quantised) and tx.runs_on_buffers and not tx.elementwise
+
+
+def _check_quantised_on_buffers(tx, model):
+    """A packed model's quantised moments are the transform's on its buffers."""
+    packed = eqopt.pack(model)
+    buffers = list(packed.buffers)
+    state, packed_state = tx.init(buffers), tx.init(packed)
+    for step in range(3):
+        grads = eqopt.Packed.like(packed, random_grads(model, step))
+        updates, state = tx.update(list(grads.buffers), state, buffers)
+        packed_updates, packed_state = tx.update(grads, packed_state, packed)
+        assert isinstance(packed_updates, eqopt.Packed)
+        assert_tree_allclose(
+            list(packed_updates.buffers), updates, rtol=1e-5, atol=1e-6
+        )
+        buffers = eqopt.apply_updates(buffers, updates)
+        packed = eqopt.apply_updates(packed, packed_updates)
+        model = packed.unpack()
+
+
 @pytest.mark.parametrize("case", PACKABLE, ids=[c.name for c in PACKABLE])
 def test_packed_matches_per_leaf(case):
-    """Every registry transform gives the same updates on packed and unpacked params."""
+    """Every registry transform gives the same updates on packed and unpacked params
+    (quantised moments: the same as on the buffers taken as leaves)."""
     model = make_model()
     packed = eqopt.pack(model)
     tx = build(case.make, model)
     state, packed_state = tx.init(model), tx.init(packed)
+    if _quantised_on_buffers(tx, packed_state):
+        _check_quantised_on_buffers(tx, model)
+        return
     for step in range(3):
         grads = random_grads(model, step)
         packed_grads = eqopt.Packed.like(packed, grads)
@@ -237,6 +273,36 @@ def test_bucketed_matches_per_leaf(case):
     tx = build(case.make, model)
     bucketed = eqopt.bucketed(build(case.make, model), always=True)
     state, bucketed_state = tx.init(model), bucketed.init(model)
+    if _quantised_on_buffers(tx, bucketed_state):
+        # Bucketed, the moments are those of the packed buffers.
+        packed = eqopt.pack(model)
+        packed_state = tx.init(packed)
+        for step in range(3):
+            grads = random_grads(model, step)
+            packed_updates, packed_state = tx.update(
+                eqopt.Packed.like(packed, grads), packed_state, packed
+            )
+            bucketed_updates, bucketed_state = bucketed.update(
+                grads, bucketed_state, model
+            )
+            assert_tree_allclose(
+                _trainable(bucketed_updates),
+                _trainable(packed_updates.unpack()),
+                rtol=1e-5,
+                atol=1e-6,
+            )
+            packed = eqopt.apply_updates(packed, packed_updates)
+            model = eqopt.apply_updates(model, bucketed_updates)
+
+        # Model-shaped once unpacked, each moment dequantised.
+        def quantised(x):
+            return isinstance(x, eqopt.QuantizedArray)
+
+        unpacked = bucketed_state.unpacked()
+        assert jax.tree.structure(unpacked) == jax.tree.structure(
+            state, is_leaf=quantised
+        )
+        return
     for step in range(3):
         grads = random_grads(model, step)
         extra = {} if case.extra_args is None else case.extra_args(model, grads)

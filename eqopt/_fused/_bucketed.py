@@ -46,7 +46,9 @@ class BucketedState(eqx.Module):
         return self.layout is not None
 
     def unpacked(self) -> OptState:
-        """The inner state with every packed moment rebuilt in the shape of the params."""
+        """The inner state with every packed moment rebuilt in the shape of the params
+        (a moment quantised as one array per buffer, see [`eqopt.Quantized`][]'s
+        `packed_blocks`, is dequantised)."""
         return unpack_all(self.inner)
 
 

@@ -12,6 +12,7 @@ import numpy as np
 from jaxtyping import Array, Inexact, PyTree
 
 from .._leaves import is_none, is_trainable
+from .._quantize import QuantizedArray
 from .._sharding import gathered
 from .._structure import structure_mismatch_message
 from ._split import split_buffer
@@ -222,6 +223,10 @@ def _split(buffers: tuple, layout: _Layout, static: bool = False) -> dict[int, A
         if buffer is None:
             out.update((slot.leaf_index, None) for slot in slots)
             continue
+        if isinstance(buffer, QuantizedArray):
+            # A moment of a packed buffer quantised as one array: its leaves are
+            # pieces of the dequantised moment.
+            buffer = buffer.dequantize()
         sizes = tuple(int(np.prod(slot.shape, dtype=np.int64)) for slot in slots)
         if sharding is None:
             # Leaves laid out whole (replicated) whose buffer was split over an
@@ -275,7 +280,8 @@ class Packed(eqx.Module):
         ```
     """
 
-    buffers: tuple[Inexact[Array, " _"] | None, ...]
+    # A moment quantised as one array per buffer holds a `QuantizedArray` there.
+    buffers: tuple[Inexact[Array, " _"] | QuantizedArray | None, ...]
     rest_leaves: tuple[Any, ...]
     layout: _Layout = eqx.field(static=True)
     structure: _Rest = eqx.field(static=True)

@@ -23,6 +23,7 @@ from .._quantize import (
     cast_moment,
     is_quantized_format,
     moment_like,
+    quantized_on_buffers,
 )
 
 Moments = Updates
@@ -109,6 +110,11 @@ class ScaleByAdam(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         # Quantised moments are block-wise: not the same on a concatenation.
         return not any_quantized(self.mu_dtype, self.nu_dtype)
+
+    @property
+    def runs_on_buffers(self) -> bool:
+        # A packed buffer's quantised moments are quantised as one array.
+        return quantized_on_buffers(self.mu_dtype, self.nu_dtype)
 
     def __check_init__(self):
         _check_adam_hyperparameters(self)

@@ -17,7 +17,7 @@ from .._base import (
 )
 from .._hyper import Scalar, ScalarLike, as_scalar, check_decays, check_hyperparameter
 from .._numerics import abs_squared, debias, safe_int32_increment
-from .._quantize import MomentDType, any_quantized, moment_like
+from .._quantize import MomentDType, any_quantized, moment_like, quantized_on_buffers
 
 Moments = Updates
 
@@ -85,6 +85,11 @@ class ScaleByRms(AbstractGradientTransformation):
     @property
     def elementwise(self) -> bool:
         return not any_quantized(self.nu_dtype)
+
+    @property
+    def runs_on_buffers(self) -> bool:
+        # A packed buffer's quantised moments are quantised as one array.
+        return quantized_on_buffers(self.nu_dtype)
 
     def __check_init__(self):
         _check_rms_hyperparameters(self)

@@ -26,7 +26,7 @@ from .._hyper import (
     check_hyperparameter,
 )
 from .._numerics import safe_int32_increment
-from .._quantize import MomentDType, any_quantized
+from .._quantize import MomentDType, any_quantized, quantized_on_buffers
 from .basic import ScaleByLearningRate
 from .decay import AddDecayedWeights
 from .momentum import Ema
@@ -129,6 +129,11 @@ class ScaleByLion(AbstractGradientTransformation):
     @property
     def elementwise(self) -> bool:
         return not any_quantized(self.mu_dtype)
+
+    @property
+    def runs_on_buffers(self) -> bool:
+        # A packed buffer's quantised moments are quantised as one array.
+        return quantized_on_buffers(self.mu_dtype)
 
     def __check_init__(self):
         check_decays(self, "b1", "b2", high_inclusive=True)

@@ -209,6 +209,12 @@ class MultiSteps(AbstractGradientTransformation):
         return self.opt.elementwise and _concat_invariant(self.should_skip_update_fn)
 
     @property
+    def runs_on_buffers(self) -> bool:
+        return self.opt.runs_on_buffers and _concat_invariant(
+            self.should_skip_update_fn
+        )
+
+    @property
     def _keeps_buffer(self) -> bool:
         return self.every_k != 1
 

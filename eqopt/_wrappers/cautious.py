@@ -120,6 +120,10 @@ class Cautious(AbstractGradientTransformation):
         # The global count is the same on split and concatenated leaves.
         return self.rescale != "leaf" and self.inner.elementwise
 
+    @property
+    def runs_on_buffers(self) -> bool:
+        return self.rescale != "leaf" and self.inner.runs_on_buffers
+
     def init(self, params: Params) -> CautiousState:
         return CautiousState(inner_state=self.inner.init(params))
 

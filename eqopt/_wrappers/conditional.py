@@ -98,6 +98,10 @@ class ConditionallyTransform(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return self.inner.elementwise
 
+    @property
+    def runs_on_buffers(self) -> bool:
+        return self.inner.runs_on_buffers
+
     def init(self, params: Params) -> ConditionallyTransformState:
         return ConditionallyTransformState(
             inner_state=self.inner.init(params), step=jnp.zeros([], jnp.int32)
@@ -179,6 +183,10 @@ class ConditionallyMask(AbstractGradientTransformation):
     @property
     def elementwise(self) -> bool:
         return self.inner.elementwise
+
+    @property
+    def runs_on_buffers(self) -> bool:
+        return self.inner.runs_on_buffers
 
     def init(self, params: Params) -> ConditionallyMaskState:
         return ConditionallyMaskState(

@@ -94,6 +94,10 @@ class ApplyIfFinite(AbstractGradientTransformation):
         # "All finite" is the same on split and concatenated leaves.
         return self.inner.elementwise
 
+    @property
+    def runs_on_buffers(self) -> bool:
+        return self.inner.runs_on_buffers
+
     def init(self, params: Params) -> ApplyIfFiniteState:
         return ApplyIfFiniteState(
             notfinite_count=jnp.zeros([], jnp.int32),

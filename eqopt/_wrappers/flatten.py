@@ -128,6 +128,10 @@ class Flatten(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return self.inner.elementwise
 
+    @property
+    def runs_on_buffers(self) -> bool:
+        return self.inner.runs_on_buffers
+
     def init(self, params: Params) -> FlattenState:
         positions = _positions(params)
         return FlattenState(self.inner.init(_ravel(params, positions, params)))

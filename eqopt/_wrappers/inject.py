@@ -179,6 +179,11 @@ class _AbstractInjectHyperparams(AbstractGradientTransformation):
         values, _ = self._initial_values(self._dtype(None))
         return bool(self._build(values).elementwise)
 
+    @property
+    def runs_on_buffers(self) -> bool:
+        values, _ = self._initial_values(self._dtype(None))
+        return bool(self._build(values).runs_on_buffers)
+
 
 class InjectHyperparamsState(eqx.Module):
     """The state of [`eqopt.InjectHyperparams`][].

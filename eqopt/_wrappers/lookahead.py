@@ -178,6 +178,10 @@ class Lookahead(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return self.fast_optimizer.elementwise
 
+    @property
+    def runs_on_buffers(self) -> bool:
+        return self.fast_optimizer.runs_on_buffers
+
     def init(self, params: Params) -> LookaheadState:
         params = _check_params(params, "init")
         return LookaheadState(

@@ -79,6 +79,10 @@ class Masked(AbstractGradientTransformation):
         # A selection by leaf is lost when leaves are concatenated.
         return self.mask is True and self.inner.elementwise
 
+    @property
+    def runs_on_buffers(self) -> bool:
+        return self.mask is True and self.inner.runs_on_buffers
+
     def _selection(self, tree: Any) -> Any:
         return select_trainable(
             self.mask, tree, what="mask", fix="masked(inner, mask_fn(params))"

@@ -246,6 +246,10 @@ class MasterWeights(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return self.inner.elementwise
 
+    @property
+    def runs_on_buffers(self) -> bool:
+        return self.inner.runs_on_buffers
+
     def _full(self, params: Params, master: Any) -> Any:
         return jax.tree.map(
             lambda m, p: p if m is None else m, master, params, is_leaf=is_none

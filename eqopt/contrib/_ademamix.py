@@ -31,7 +31,7 @@ from .._hyper import (
     check_hyperparameter,
 )
 from .._numerics import abs_squared, safe_int32_increment
-from .._quantize import MomentDType, any_quantized
+from .._quantize import MomentDType, any_quantized, quantized_on_buffers
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
 from ._reductions import cast_to, evaluate
@@ -88,6 +88,11 @@ class ScaleByAdemamix(AbstractGradientTransformation):
     @property
     def elementwise(self) -> bool:
         return not any_quantized(self.mu_dtype)
+
+    @property
+    def runs_on_buffers(self) -> bool:
+        # A packed buffer's quantised moments are quantised as one array.
+        return quantized_on_buffers(self.mu_dtype)
 
     def __check_init__(self):
         check_decays(self, "b1", "b2", "b3")

@@ -78,6 +78,10 @@ class SplitRealAndImaginary(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return self.inner.elementwise
 
+    @property
+    def runs_on_buffers(self) -> bool:
+        return self.inner.runs_on_buffers
+
     def init(self, params: Params) -> SplitRealAndImaginaryState:
         return SplitRealAndImaginaryState(self.inner.init(_split(params)))
 

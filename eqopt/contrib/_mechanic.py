@@ -97,6 +97,10 @@ class Mechanize(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return self.base_optimizer.elementwise
 
+    @property
+    def runs_on_buffers(self) -> bool:
+        return self.base_optimizer.runs_on_buffers
+
     def __check_init__(self):
         if not isinstance(self.num_betas, int) or self.num_betas < 1:
             raise ValueError(

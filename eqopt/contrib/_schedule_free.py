@@ -114,6 +114,10 @@ class ScheduleFree(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return self.base_optimizer.elementwise
 
+    @property
+    def runs_on_buffers(self) -> bool:
+        return self.base_optimizer.runs_on_buffers
+
     def init(self, params: Params) -> ScheduleFreeState:
         trainable = eqx.filter(params, is_trainable)
         # The scalars are real, in the params' lowest dtype (bfloat16 for bfloat16 params).
