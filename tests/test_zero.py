@@ -305,6 +305,36 @@ for name, bits, mesh in [
         close(f"{{name}} nu", eqopt.tree.get(state, "nu"), eqopt.tree.get(state0, "nu"))
         assert list(plan.unsplit) == [".states[0].count"], plan.unsplit
         print(name, "split and stepped like the unsharded state")
+        # Packed: each buffer's moment is one quantised array, split over its
+        # blocks where their number divides (32768 weights: 128 blocks of 256,
+        # 256 of 128), as a leaf's are.
+        unbiased = eqx.filter(eqx.nn.MLP(64, 64, 128, 2, use_bias=False, use_final_bias=False, key=jax.random.key(0)), eqx.is_array)
+        packed0 = eqopt.pack(unbiased)
+        packed_state0 = opt.init(packed0)
+        packed_grads = [
+            jax.tree.map(lambda p, k=k: jax.random.normal(jax.random.key(k), p.shape) * 1e-2, unbiased)
+            for k in range(2)
+        ]
+        packed_expected = []
+        for g in packed_grads:
+            u, packed_state0 = opt.update(eqopt.Packed.like(packed0, g), packed_state0, packed0)
+            packed_expected.append(u.unpack())
+        packed = eqopt.pack(jax.device_put(unbiased, replicated))
+        (moment,) = packed_state0[0].mu.buffers
+        assert isinstance(moment, eqopt.QuantizedArray) and moment.shape == packed.buffers[0].shape
+        plan = eqopt.zero_plan(opt, packed, mesh, "data", min_size=0)
+        state = plan.init(opt, packed)
+        codes = state[0].mu.buffers[0].codes
+        if "data" not in str(codes.sharding.spec):
+            failures.append(f"{{name}} packed: codes not split: {{codes.sharding.spec}}")
+        laid_out(f"{{name}} packed init", state, plan.state_shardings)
+        step = eqx.filter_jit(plan.update)
+        for k, g in enumerate(packed_grads):
+            g = eqopt.Packed.like(packed, jax.device_put(g, replicated))
+            updates, state = step(opt, g, state, packed)
+            close(f"{{name}} packed step {{k}}", updates.unpack(), packed_expected[k])
+        laid_out(f"{{name}} packed state", state, plan.state_shardings)
+        print(name, "packed: split and stepped like the unsharded packed state")
 assert not failures, "\\n".join(failures)
 print("ok")
 """
