@@ -38,11 +38,11 @@ TS="python3 benchmarks/train_step_bench.py --rounds 2 --step-reps 7 --rep-second
 run ts_res200 "$(limit 170)" $TS --trees res200 --json "$OUT/ts_res200.json"
 run ts_transformer "$(limit 110)" $TS --trees transformer --json "$OUT/ts_transformer.json"
 run ts_resnet "$(limit 110)" $TS --trees resnet --json "$OUT/ts_resnet.json"
-run lowbit "$(limit 80)" python3 benchmarks/lowbit_bench.py --width 4096 --rounds 4 \
+run lowbit "$(limit 80)" python3 benchmarks/lowbit_bench.py --width 4096 --rounds 4 --kernels \
     --json "$OUT/lowbit.json"
 # A width whose packed buffer is not a whole number of 256-element blocks: the
 # last block is padded, and the packed update and the codes differ in shape.
-run lowbit_4000 "$(limit 70)" python3 benchmarks/lowbit_bench.py --width 4000 --rounds 3 \
+run lowbit_4000 "$(limit 70)" python3 benchmarks/lowbit_bench.py --width 4000 --rounds 3 --kernels \
     --json "$OUT/lowbit_4000.json"
 # The tables again, from the JSON of each part (also of a part cut short).
 python3 - "$OUT" <<'PY'

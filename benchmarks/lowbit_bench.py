@@ -196,6 +196,11 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--width", type=int, default=None, help="MLP width (1024)")
     parser.add_argument("--steps", type=int, default=None, help="steps per median")
+    parser.add_argument(
+        "--kernels",
+        action="store_true",
+        help="also list the compiled step's kernels (fusions) for float32 and 8-bit",
+    )
     args = parser.parse_args()
     width, depth = (512, 3) if args.quick else (1024, 3)
     width = args.width or width
@@ -267,9 +272,37 @@ def main() -> None:
     print("|---|---|")
     for name, ratio in kernels.items():
         print(f"| {name} | {ratio:.2f}x |")
+    if args.kernels:
+        result["kernels"] = {}
+        for path in ("default", "packed"):
+            for name in ("float32", "8-bit"):
+                listing = kernel_list(entries[path, name][0])
+                result["kernels"][f"{path} {name}"] = listing
+                print(f"\n{path} {name}: {len(listing)} kernels")
+                print("\n".join(f"  {line}" for line in listing))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+
+
+def kernel_list(compiled) -> list[str]:
+    """The fusions and library calls of a compiled step, each as `kind: outputs`
+    (what runs as a kernel of its own; scalar ones left out)."""
+    text = compiled.as_text()
+    entry = text[text.index("ENTRY") :]
+    listing = []
+    for line in entry.splitlines():
+        line = line.strip()
+        if " fusion(" not in line and "custom-call(" not in line:
+            continue
+        outputs = line.split(" = ", 1)[1].split(" fusion(")[0].split(" custom-call(")[0]
+        if outputs.startswith(("f32[] ", "s32[] ")) or outputs in ("f32[]", "s32[]"):
+            continue
+        kind = (
+            line.split("kind=")[1].split(",")[0] if "kind=" in line else "custom-call"
+        )
+        listing.append(f"{kind}: {outputs}")
+    return listing
 
 
 if __name__ == "__main__":
