@@ -129,11 +129,12 @@ class Quantized:
     step runs on the buffers as they are, as float32 Adam's does, where
     cutting the model into leaves and gluing the update back made a packed
     8-bit Adam step 1.2 (H100) to 2 (CPU) times the per-leaf one
-    (`benchmarks/lowbit_bench.py`). Blocks then run across the boundaries between leaves, and
-    leaves under `min_size` are quantised with their neighbours (a buffer
-    under `min_size` stays in float32), so the numbers differ from the
-    per-leaf ones by a rounding: the tests bound the difference, and training
-    is as close to float32 Adam either way. `packed_blocks="leaf"` unpacks the
+    (`benchmarks/lowbit_bench.py`). Blocks then run across the boundaries
+    between leaves, and leaves under `min_size` are quantised with their
+    neighbours (a buffer under `min_size` stays in float32), so the numbers
+    are those of the transform on the buffers taken as leaves, not the
+    per-leaf ones; training is as close to float32 Adam either way (the
+    tests compare both). `packed_blocks="leaf"` unpacks the
     model for the transform instead and gives the per-leaf numbers and state;
     so does rank-1 normalisation, which needs the leaves' matrices.
 
