@@ -28,7 +28,7 @@ import jax.core
 import jax.numpy as jnp
 
 
-def _explicit_sharding(x: Any) -> Any:
+def explicit_sharding(x: Any) -> Any:
     """The sharding of `x` (an array or a `jax.ShapeDtypeStruct`) if it names an
     explicit mesh axis, else `None`."""
     typeof = getattr(jax, "typeof", None)
@@ -54,14 +54,9 @@ def _explicit_sharding(x: Any) -> Any:
     return None
 
 
-def explicit_sharding(x: Any) -> Any:
-    """The sharding of `x` if it names an explicit mesh axis, else `None`."""
-    return _explicit_sharding(x)
-
-
 def is_explicitly_sharded(x: Any) -> bool:
     """Whether `x` is sharded over an explicit mesh axis."""
-    return _explicit_sharding(x) is not None
+    return explicit_sharding(x) is not None
 
 
 def gathered(x: Any) -> tuple[Any, Callable[[Any], Any]]:
@@ -70,7 +65,7 @@ def gathered(x: Any) -> tuple[Any, Callable[[Any], Any]]:
     For an array not sharded over an explicit axis, returns it unchanged and the
     identity.
     """
-    sharding = _explicit_sharding(x)
+    sharding = explicit_sharding(x)
     if sharding is None:
         return x, lambda y: y
     replicated = sharding.update(spec=jax.sharding.PartitionSpec())
@@ -99,7 +94,7 @@ def inner(x: Any, y: Any) -> Any:
 
 def like(y: Any, x: Any) -> Any:
     """`y` resharded like `x` when `x` is explicitly sharded, else `y` unchanged."""
-    sharding = _explicit_sharding(x)
+    sharding = explicit_sharding(x)
     if sharding is None:
         return y
     return jax.sharding.reshard(y, sharding)
@@ -112,7 +107,7 @@ def replicated_matmul(a: Any, b: Any) -> Any:
     all-reduce, rather than an error.
     """
     for x in (a, b):
-        sharding = _explicit_sharding(x)
+        sharding = explicit_sharding(x)
         if sharding is not None:
             replicated = sharding.update(spec=jax.sharding.PartitionSpec())
             return jnp.matmul(a, b, out_sharding=replicated)
@@ -121,7 +116,7 @@ def replicated_matmul(a: Any, b: Any) -> Any:
 
 def zeros(structure: jax.ShapeDtypeStruct) -> Any:
     """Zeros of the shape, dtype and (explicit) sharding of `structure`."""
-    sharding = _explicit_sharding(structure)
+    sharding = explicit_sharding(structure)
     if sharding is None:
         return jnp.zeros(structure.shape, structure.dtype)
     return jnp.zeros(structure.shape, structure.dtype, out_sharding=sharding)
@@ -131,7 +126,7 @@ def zeros_like(x: Any, dtype: Any = None) -> Any:
     """`jnp.zeros_like(x, dtype)`, keeping an explicit sharding also where `x` is a
     concrete array closed over by a traced function (a `lax.cond` branch run
     eagerly), where `jnp.zeros_like` drops it."""
-    sharding = _explicit_sharding(x)
+    sharding = explicit_sharding(x)
     if sharding is None:
         return jnp.zeros_like(x, dtype)
     dtype = x.dtype if dtype is None else dtype
@@ -142,7 +137,7 @@ def stacked_zeros(n: int, x: Any) -> Any:
     """Zeros of shape `(n, *x.shape)` and `x`'s dtype, each of the `n` slices
     sharded like `x` (explicit axes, or a concrete array over automatic axes)."""
     shape = (n, *x.shape)
-    sharding = _explicit_sharding(x)
+    sharding = explicit_sharding(x)
     if sharding is not None:
         spec = jax.sharding.PartitionSpec(None, *sharding.spec)
         return jnp.zeros(shape, x.dtype, out_sharding=sharding.update(spec=spec))
@@ -167,5 +162,5 @@ def where(condition: Any, x: Any, y: Any) -> Any:
         shape = jnp.broadcast_shapes(condition.shape, x.shape, y.shape)
         if condition.ndim and shape == like.shape:
             condition = jnp.broadcast_to(condition, shape)
-            condition = jax.sharding.reshard(condition, _explicit_sharding(like))
+            condition = jax.sharding.reshard(condition, explicit_sharding(like))
     return jnp.where(condition, x, y)
