@@ -7,6 +7,9 @@ on a ~4M-parameter MLP (`eqx.nn.MLP`, 10 leaves), this reports
 - the step time of `update` + `apply_updates` on fixed gradients (params and
   state donated), on the default path (the model as it is) and on the packed
   path ([`eqopt.pack`]), as a ratio to float32 Adam on the same path;
+- XLA's peak memory for a whole training step (arguments and temporaries,
+  `training_step_peak`), on the MLP and on one of as many parameters in 17
+  layers: what the state saves, less what the step's temporaries take back;
 - two reference kernels that are not optimisers (`KERNELS`), the floor under
   any 8-bit state on XLA CPU: the codes only read and written back, and Adam
   on linear 8-bit codes with a fixed scale (no block maximum).
@@ -141,6 +144,41 @@ def map_kernels(n: int, rounds: int) -> dict[str, float]:
     return {name: statistics.median(r) for name, r in ratios.items()}
 
 
+#: Variants and models of the training-step peak table.
+PEAK_VARIANTS = ("float32", "bfloat16", "8-bit", "4-bit")
+
+
+def training_step_peak(variant: str, model, packed: bool, batch: int = 64) -> float:
+    """XLA's peak memory for a whole training step of `model` (loss, gradient,
+    update, apply; params and state donated), in bytes per parameter: the
+    arguments (params, state, batch) and the largest set of temporaries alive at
+    once (gradients, copies, decoded moments), from the compiled program's
+    buffer assignment. Compiled only, not run. `packed`: the params are
+    [`eqopt.pack`]ed and the loss differentiated through `unpack()`."""
+    params, static = eqx.partition(model, eqx.is_inexact_array)
+    size = sum(x.size for x in jax.tree.leaves(params))
+    width = model.in_size
+    x = jnp.ones((batch, width))
+    opt = eqopt.adam(1e-3, **VARIANTS[variant])
+
+    if packed:
+        params = eqopt.pack(params)
+
+    def step(params, state, x):
+        def loss(params):
+            leaves = params.unpack() if packed else params
+            return jnp.mean(jax.vmap(eqx.combine(leaves, static))(x) ** 2)
+
+        grads = jax.grad(loss)(params)
+        updates, state = opt.update(grads, state, params)
+        return eqopt.apply_updates(params, updates), state
+
+    state = opt.init(params)
+    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, x).compile()
+    analysis = compiled.memory_analysis()
+    return (analysis.argument_size_in_bytes + analysis.temp_size_in_bytes) / size
+
+
 def make_model(width: int, depth: int):
     return eqx.nn.MLP(width, width, width, depth, key=jax.random.key(0))
 
@@ -262,6 +300,32 @@ def main() -> None:
             f"| {name} | {memory[name]:.3f} | {geo['default']:.2f}x | "
             f"{geo['packed']:.2f}x | {geo['packed_over_default']:.2f}x |"
         )
+    # The same number of parameters in 4 and in 17 layers (the temporaries of a
+    # step are per layer; the state is per parameter).
+    deep = make_model(width // 2, 16)
+    columns = {
+        f"{depth + 1} layers of {width}": (model, False),
+        f"{depth + 1} layers of {width}, packed": (model, True),
+        f"17 layers of {width // 2}": (deep, False),
+        f"17 layers of {width // 2}, packed": (deep, True),
+    }
+    peaks = {
+        name: {
+            column: training_step_peak(name, tree, packed)
+            for column, (tree, packed) in columns.items()
+        }
+        for name in PEAK_VARIANTS
+    }
+    result["training_step_peak"] = peaks
+    print(
+        "\nPeak memory of a training step (loss, gradient, update, apply; batch 64),"
+        " bytes per parameter: arguments and temporaries, from XLA's buffer"
+        " assignment:"
+    )
+    print(f"| moments | {' | '.join(columns)} |")
+    print("|---" * (len(columns) + 1) + "|")
+    for name, row in peaks.items():
+        print(f"| {name} | {' | '.join(f'{v:.2f}' for v in row.values())} |")
     kernels = map_kernels(n_params, rounds)
     result["map_kernels"] = kernels
     print(

@@ -598,13 +598,20 @@ def full_like_trainable_real(params: Params, value: Any) -> Updates:
 
 @no_type_check
 def leafwise(
-    fn: Callable, updates: Updates, *trees: Any, n_out: int | None = None
+    fn: Callable,
+    updates: Updates,
+    *trees: Any,
+    n_out: int | None = None,
+    elementwise: bool = False,
 ) -> Any:
     """Maps `fn` over the leaves of `updates` and trees shaped like it.
 
     Where an update is `None`, `fn` is not called: the output is `None` (or, when
     `fn` returns a tuple of `n_out` values, `None` followed by the corresponding
     inputs from `trees` unchanged, so moments of untouched leaves are kept).
+
+    With `elementwise` (`fn` acts on each element alone), quantised moments
+    may be computed in their rows of blocks (`call_dequantized`).
 
     Returns a tree, or with `n_out` a tuple of `n_out` trees.
     """
@@ -635,7 +642,7 @@ def leafwise(
     def call(index: int, u: Any, rest: list) -> Any:
         try:
             # A quantised moment is dequantised for `fn` and its result re-quantised.
-            return call_dequantized(fn, u, rest)
+            return call_dequantized(fn, u, rest, elementwise)
         except (TypeError, AttributeError) as error:
             # A `None` where the update is an array: `init` saw a leaf that is not
             # trainable. (A transform may keep `None` on purpose and handle it, so

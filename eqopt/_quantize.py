@@ -539,14 +539,25 @@ class QuantizedArray(eqx.Module):
 
     def dequantize(self) -> Array:
         """The moment as an array of `shape` and `dtype`."""
-        codes = self.codes if self.bits == 8 else _unpack_nibbles(self.codes)
-        unit = _decode(codes, self.kind, self.bits, _looks_up(self.bits))
         if self.normalization == "rank1":
+            unit = self._unit()
             values = _unflatten(unit, self.shape) * _rank1_scales(
                 self.scales, self.shape
             )
-        else:
-            values = _unflatten(unit * self.scales[:, None], self.shape)
+            if self.kind == "sqrt":
+                values = values * values
+            return values.astype(self.dtype)
+        return _unflatten(self._block_values(), self.shape)
+
+    def _unit(self) -> Array:
+        # The map's value of each code, in rows, before scaling.
+        codes = self.codes if self.bits == 8 else _unpack_nibbles(self.codes)
+        return _decode(codes, self.kind, self.bits, _looks_up(self.bits))
+
+    def _block_values(self) -> Array:
+        # Block normalisation: the values in rows of `block_size` (with the
+        # padding), in `dtype`.
+        values = self._unit() * self.scales[:, None]
         if self.kind == "sqrt":
             values = values * values
         return values.astype(self.dtype)
@@ -892,14 +903,74 @@ def dequantize_all(tree: Any, reference: Any = None) -> Any:
 
 
 @no_type_check
-def call_dequantized(fn: Any, u: Any, rest: Any) -> Any:
+def _block_rows(u: Any, rest: Any) -> int | None:
+    """The block size in which an elementwise `fn(u, *rest)` runs on rows of
+    blocks: where a quantised moment of `rest` is decoded by a lookup
+    (`_looks_up`), every quantised moment is block-normalised with that block
+    size and no padding, the other arrays of `rest` are shaped like `u`, and
+    nothing is sharded over an explicit axis. `None` otherwise: decoded
+    arithmetically, a moment fuses into each kernel that reads it in any
+    shape (and on the leaves cut from a packed buffer rows made the step 1.2
+    times as long)."""
+    quantized = [x for x in rest if is_quantized(x)]
+    sizes = {x.block_size for x in quantized}
+    if len(sizes) != 1 or not eqx.is_array(u) or explicit_sharding(u) is not None:
+        return None
+    if not any(x.kind == "dynamic" and _looks_up(x.bits) for x in quantized):
+        return None
+    (block,) = sizes
+    if u.size % block or any(
+        x.normalization != "block" or x.codes.shape[0] * block != u.size
+        for x in quantized
+    ):
+        return None
+    others = [x for x in rest if not is_quantized(x) and x is not None]
+    if any(not eqx.is_array(x) or x.shape != u.shape for x in others):
+        return None
+    return block
+
+
+@no_type_check
+def call_dequantized(fn: Any, u: Any, rest: Any, elementwise: bool = False) -> Any:
     """`fn(u, *rest)` with each quantised moment of `rest` dequantised, and each
     output `k + 1` quantised again in the format of `rest[k]` where that was
     quantised (the per-leaf loop's convention: outputs after the update are the
-    new values of the inputs after `u`)."""
+    new values of the inputs after `u`).
+
+    With `elementwise` (`fn` acts on each element alone), `fn` runs on the
+    arrays cut into the moments' rows of blocks where `_block_rows` allows it:
+    the values are the same, but the moments are decoded, updated and encoded
+    in one shape, so XLA makes the new moment in the kernel that decodes the
+    old one. Through the leaf's shape it decoded the old moment in a kernel of
+    its own, which depends on nothing the step computes: a training step ran
+    it early and kept every leaf's decoded moment alive through the backward
+    pass (`benchmarks/lowbit_bench.py`, peak bytes)."""
     if not any(map(is_quantized, rest)):
         return fn(u, *rest)
-    out = fn(u, *(dequantize_all(x, u) for x in rest))
+    block = _block_rows(u, rest) if elementwise else None
+    if block is not None:
+        shape = u.shape
+        out = fn(
+            u.reshape(-1, block),
+            *(
+                x._block_values()
+                if is_quantized(x)
+                else (x if x is None else x.reshape(-1, block))
+                for x in rest
+            ),
+        )
+        if not isinstance(out, tuple):
+            return out.reshape(shape)
+        # The update, and the outputs that are not quantised again, in the leaf's
+        # shape; new quantised moments stay in rows for their codes.
+        out = tuple(
+            x
+            if x is None or (0 < k <= len(rest) and is_quantized(rest[k - 1]))
+            else x.reshape(shape)
+            for k, x in enumerate(out)
+        )
+    else:
+        out = fn(u, *(dequantize_all(x, u) for x in rest))
     if not isinstance(out, tuple):
         return out
     pairs = [

@@ -249,6 +249,98 @@ def test_block_maxima_of_one_moment_are_not_a_library_reduction():
     assert "f32[256,256]" not in entry
 
 
+_ELEMENTWISE = {
+    "adam": lambda fmt: eqopt.adam(1e-2, mu_dtype=fmt, nu_dtype=fmt),
+    "lion": lambda fmt: eqopt.lion(1e-3, mu_dtype=fmt),
+    "rmsprop": lambda fmt: eqopt.rmsprop(1e-2, initial_scale=0.1, nu_dtype=fmt),
+    "ademamix": lambda fmt: eqopt.contrib.ademamix(1e-2, mu_dtype=fmt),
+}
+
+
+@pytest.mark.parametrize(
+    "name, bits",
+    [("adam", 8), ("lion", 8), ("ademamix", 8), ("adam", 4), ("rmsprop", 8)],
+)
+def test_moments_in_rows_of_blocks_are_the_leaf_shaped_numbers(name, bits, monkeypatch):
+    """Where a stored first moment is decoded by a lookup (8-bit dynamic codes
+    on CPU), elementwise transforms compute a quantised leaf in its moments'
+    rows of blocks (`call_dequantized`); a leaf that is not a whole number of
+    blocks, and every leaf of a 4-bit or second-moment-only transform, goes
+    through its own shape. Bit for bit the numbers of the leaf-shaped step."""
+    import eqopt._quantize as quantize
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("the lookup, and so the rows, are CPU's")
+    fmt = eqopt.Quantized(bits, block_size=64, min_size=0)
+    keys = jax.random.split(jax.random.key(0), 6)
+    params = {
+        "w": jax.random.normal(keys[0], (32, 64)),  # 32 blocks
+        "v": jax.random.normal(keys[1], (5, 30)),  # 150 elements
+    }
+    grads = [
+        jax.tree.map(lambda p, k=k: jax.random.normal(k, p.shape), params)
+        for k in keys[2:]
+    ]
+    used = []
+    block_rows = quantize._block_rows
+
+    def counted(u, rest):
+        used.append(block_rows(u, rest))
+        return used[-1]
+
+    def run():
+        opt = _ELEMENTWISE[name](fmt)
+        step = jax.jit(opt.update)
+        state, updates = opt.init(params), []
+        for g in grads:
+            u, state = step(g, state, params)
+            updates.append(u)
+        return updates, eqopt.tree.get(state, "mu" if name != "rmsprop" else "nu")
+
+    monkeypatch.setattr(quantize, "_block_rows", counted)
+    in_rows = run()
+    lookup = bits == 8 and name != "rmsprop"
+    # "w" in rows where its first moment is looked up; "v" always in its shape.
+    assert set(used) == ({64, None} if lookup else {None})
+    monkeypatch.setattr(quantize, "_block_rows", lambda u, rest: None)
+    shaped = run()
+    for a, b in zip(jax.tree.leaves(in_rows), jax.tree.leaves(shaped), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_training_step_keeps_the_state_saving_at_its_peak():
+    """XLA's peak memory for a whole training step (loss, gradient, update, apply)
+    of a 9-layer MLP: with 8-bit Adam it stays at least 3 bytes per parameter
+    under float32 Adam's (the state saves 6). Decoded through the leaves' shape,
+    the old first moments were a kernel that depended on nothing the step
+    computes: on CPU XLA ran it for every leaf before the backward pass and
+    kept them all, and the peak was 1.7 bytes under float32's."""
+    model = eqx.nn.MLP(512, 512, 512, depth=8, key=jax.random.key(0))
+    params, static = eqx.partition(model, eqx.is_inexact_array)
+    size = sum(p.size for p in jax.tree.leaves(params))
+    x = jnp.ones((64, 512))
+
+    def peak(opt):
+        def step(params, state, x):
+            def loss(p):
+                return jnp.mean(jax.vmap(eqx.combine(p, static))(x) ** 2)
+
+            grads = jax.grad(loss)(params)
+            updates, state = opt.update(grads, state, params)
+            return eqopt.apply_updates(params, updates), state
+
+        state = opt.init(params)
+        jitted = jax.jit(step, donate_argnums=(0, 1))
+        analysis = jitted.lower(params, state, x).compile().memory_analysis()
+        used = analysis.argument_size_in_bytes + analysis.temp_size_in_bytes
+        return used / size
+
+    fmt = eqopt.Quantized(8)
+    quantized = peak(eqopt.adam(1e-3, mu_dtype=fmt, nu_dtype=fmt))
+    full = peak(eqopt.adam(1e-3))
+    assert quantized <= full - 3.0, (quantized, full)
+
+
 # ---------------------------------------------------------------------------
 # Error bounds
 # ---------------------------------------------------------------------------

@@ -164,7 +164,9 @@ class ScaleByAdam(AbstractGradientTransformation):
                 _cast(nu, self.nu_dtype or nu_dtype),
             )
 
-        updates, mu, nu = leafwise(step, updates, state.mu, state.nu, n_out=3)
+        updates, mu, nu = leafwise(
+            step, updates, state.mu, state.nu, n_out=3, elementwise=True
+        )
         return updates, ScaleByAdamState(count=count, mu=mu, nu=nu)
 
 

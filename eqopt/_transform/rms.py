@@ -123,7 +123,7 @@ class ScaleByRms(AbstractGradientTransformation):
                 nu.dtype
             )
 
-        updates, nu = leafwise(step, updates, state.nu, n_out=2)
+        updates, nu = leafwise(step, updates, state.nu, n_out=2, elementwise=True)
         return updates, ScaleByRmsState(count=count, nu=nu)
 
 

@@ -174,7 +174,7 @@ class ScaleByLion(AbstractGradientTransformation):
             new_mu = b2 * mu + one_minus_b2 * g
             return update, new_mu.astype(mu.dtype)
 
-        updates, mu = leafwise(step, updates, state.mu, n_out=2)
+        updates, mu = leafwise(step, updates, state.mu, n_out=2, elementwise=True)
         return updates, ScaleByLionState(count=safe_int32_increment(state.count), mu=mu)
 
 

@@ -131,7 +131,7 @@ class ScaleByAdemamix(AbstractGradientTransformation):
             return cast_to(numerator / denominator, g.dtype), m1, m2, nu
 
         new_updates, m1, m2, nu = leafwise(
-            step, updates, state.m1, state.m2, state.nu, n_out=4
+            step, updates, state.m1, state.m2, state.nu, n_out=4, elementwise=True
         )
         return new_updates, ScaleByAdemamixState(count=count, m1=m1, m2=m2, nu=nu)
 
