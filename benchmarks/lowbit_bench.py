@@ -235,6 +235,11 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=None, help="MLP width (1024)")
     parser.add_argument("--steps", type=int, default=None, help="steps per median")
     parser.add_argument(
+        "--no-peak",
+        action="store_true",
+        help="leave out the training-step peak memory table (16 more compiles)",
+    )
+    parser.add_argument(
         "--kernels",
         action="store_true",
         help="also list the compiled step's kernels (fusions) for float32 and 8-bit",
@@ -300,34 +305,10 @@ def main() -> None:
             f"| {name} | {memory[name]:.3f} | {geo['default']:.2f}x | "
             f"{geo['packed']:.2f}x | {geo['packed_over_default']:.2f}x |"
         )
-    # The same number of parameters in 4 and in 17 layers (the temporaries of a
-    # step are per layer; the state is per parameter).
-    deep = make_model(width // 2, 16)
-    columns = {
-        f"{depth + 1} layers of {width}": (model, False),
-        f"{depth + 1} layers of {width}, packed": (model, True),
-        f"17 layers of {width // 2}": (deep, False),
-        f"17 layers of {width // 2}, packed": (deep, True),
-    }
-    peaks = {
-        name: {
-            column: training_step_peak(name, tree, packed)
-            for column, (tree, packed) in columns.items()
-        }
-        for name in PEAK_VARIANTS
-    }
-    result["training_step_peak"] = peaks
-    print(
-        "\nPeak memory of a training step (loss, gradient, update, apply; batch 64),"
-        " bytes per parameter: arguments and temporaries, from XLA's buffer"
-        " assignment:"
-    )
-    print(f"| moments | {' | '.join(columns)} |")
-    print("|---" * (len(columns) + 1) + "|")
-    for name, row in peaks.items():
-        print(f"| {name} | {' | '.join(f'{v:.2f}' for v in row.values())} |")
+    save(result, args.json)  # each table as soon as it is measured
     kernels = map_kernels(n_params, rounds)
     result["map_kernels"] = kernels
+    save(result, args.json)
     print(
         f"\nThe maps' arithmetic alone on {n_params / 1e6:.1f}M elements, "
         "as a fraction of a float32 Adam step on as many:"
@@ -344,8 +325,39 @@ def main() -> None:
                 result["kernels"][f"{path} {name}"] = listing
                 print(f"\n{path} {name}: {len(listing)} kernels")
                 print("\n".join(f"  {line}" for line in listing))
-    if args.json:
-        with open(args.json, "w") as f:
+    if not args.no_peak:
+        # The same number of parameters in 4 and in 17 layers (the temporaries of a
+        # step are per layer; the state is per parameter).
+        deep = make_model(width // 2, 16)
+        columns = {
+            f"{depth + 1} layers of {width}": (model, False),
+            f"{depth + 1} layers of {width}, packed": (model, True),
+            f"17 layers of {width // 2}": (deep, False),
+            f"17 layers of {width // 2}, packed": (deep, True),
+        }
+        peaks = {
+            name: {
+                column: training_step_peak(name, tree, packed)
+                for column, (tree, packed) in columns.items()
+            }
+            for name in PEAK_VARIANTS
+        }
+        result["training_step_peak"] = peaks
+        print(
+            "\nPeak memory of a training step (loss, gradient, update, apply; batch 64),"
+            " bytes per parameter: arguments and temporaries, from XLA's buffer"
+            " assignment:"
+        )
+        print(f"| moments | {' | '.join(columns)} |")
+        print("|---" * (len(columns) + 1) + "|")
+        for name, row in peaks.items():
+            print(f"| {name} | {' | '.join(f'{v:.2f}' for v in row.values())} |")
+    save(result, args.json)
+
+
+def save(result: dict, path: str | None) -> None:
+    if path:
+        with open(path, "w") as f:
             json.dump(result, f, indent=1)
 
 
