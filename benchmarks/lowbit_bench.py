@@ -7,9 +7,11 @@ on a ~4M-parameter MLP (`eqx.nn.MLP`, 10 leaves), this reports
 - the step time of `update` + `apply_updates` on fixed gradients (params and
   state donated), on the default path (the model as it is) and on the packed
   path ([`eqopt.pack`]), as a ratio to float32 Adam on the same path;
-- XLA's peak memory for a whole training step (arguments and temporaries,
-  `training_step_peak`), on the MLP and on one of as many parameters in 17
-  layers: what the state saves, less what the step's temporaries take back;
+- a whole training step (loss, gradient, update, apply; `training_steps`) on
+  the MLP and on one of as many parameters in 17 layers, per leaf and packed:
+  XLA's peak memory (arguments and temporaries: what the state saves, less
+  what the step's temporaries take back) and the step's time against float32
+  Adam's;
 - two reference kernels that are not optimisers (`KERNELS`), the floor under
   any 8-bit state on XLA CPU: the codes only read and written back, and Adam
   on linear 8-bit codes with a fixed scale (no block maximum).
@@ -148,24 +150,25 @@ def map_kernels(n: int, rounds: int) -> dict[str, float]:
 
 
 #: Variants and models of the training-step peak table.
-PEAK_VARIANTS = ("float32", "bfloat16", "8-bit", "4-bit")
+PEAK_VARIANTS = ("float32", "float32 (A/A)", "bfloat16", "8-bit", "4-bit")
 
 
-def training_step_peak(variant: str, model, packed: bool, batch: int = 64) -> float:
-    """XLA's peak memory for a whole training step of `model` (loss, gradient,
-    update, apply; params and state donated), in bytes per parameter: the
-    arguments (params, state, batch) and the largest set of temporaries alive at
-    once (gradients, copies, decoded moments), from the compiled program's
-    buffer assignment. Compiled only, not run. `packed`: the params are
-    [`eqopt.pack`]ed and the loss differentiated through `unpack()`."""
+def training_step(variant: str, model, packed: bool, batch: int = 64):
+    """A whole training step of `model` with Adam and `variant`'s moments (loss,
+    gradient, update, apply; params and state donated), compiled, and XLA's
+    peak memory for it in bytes per parameter: the arguments (params, state,
+    batch) and the largest set of temporaries alive at once (gradients,
+    copies, decoded moments), from the compiled program's buffer assignment.
+    `packed`: the params are [`eqopt.pack`]ed and the loss differentiated
+    through `unpack()`. Returns the peak and an entry for `time_steps`."""
     params, static = eqx.partition(model, eqx.is_inexact_array)
     size = sum(x.size for x in jax.tree.leaves(params))
-    width = model.in_size
-    x = jnp.ones((batch, width))
+    x = jnp.ones((batch, model.in_size))
     opt = eqopt.adam(1e-3, **VARIANTS[variant])
-
     if packed:
         params = eqopt.pack(params)
+    # A copy: the step donates its params.
+    params = jax.tree.map(jnp.copy, params)
 
     def step(params, state, x):
         def loss(params):
@@ -179,7 +182,38 @@ def training_step_peak(variant: str, model, packed: bool, batch: int = 64) -> fl
     state = opt.init(params)
     compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, x).compile()
     analysis = compiled.memory_analysis()
-    return (analysis.argument_size_in_bytes + analysis.temp_size_in_bytes) / size
+    peak = (analysis.argument_size_in_bytes + analysis.temp_size_in_bytes) / size
+    return peak, [compiled, params, state, x]
+
+
+def training_steps(columns, rounds, steps, block, result, path) -> None:
+    """The peak memory and the time of a whole training step for each of
+    `PEAK_VARIANTS`, column by column (the time as a ratio to float32 Adam's in
+    the same round, geometric mean over interleaved rounds), saved after each
+    column so that a run cut short keeps the columns it finished."""
+    result["training_step"] = {}
+    for column, (model, packed) in columns.items():
+        entries, peaks = {}, {}
+        for name in PEAK_VARIANTS:
+            peaks[name], entries[name] = training_step(name, model, packed)
+            time_steps(entries[name], 1)  # warm-up
+        ratios = {name: [] for name in PEAK_VARIANTS}
+        for r in range(rounds):
+            order = PEAK_VARIANTS[r % len(PEAK_VARIANTS) :]
+            order += PEAK_VARIANTS[: r % len(PEAK_VARIANTS)]
+            medians = {name: time_steps(entries[name], steps, block) for name in order}
+            for name in PEAK_VARIANTS:
+                ratios[name].append(medians[name] / medians["float32"])
+        result["training_step"][column] = {
+            name: {"peak": peaks[name], "time": geometric_mean(ratios[name])}
+            for name in PEAK_VARIANTS
+        }
+        save(result, path)
+        del entries
+
+
+def geometric_mean(values):
+    return math.exp(statistics.fmean(math.log(x) for x in values))
 
 
 def make_model(width: int, depth: int):
@@ -249,7 +283,7 @@ def main() -> None:
     parser.add_argument(
         "--no-peak",
         action="store_true",
-        help="leave out the training-step peak memory table (16 more compiles)",
+        help="leave out the training-step table (16 more compiles)",
     )
     parser.add_argument(
         "--kernels",
@@ -308,9 +342,6 @@ def main() -> None:
     )
     print("|---|---|---|---|---|")
 
-    def geometric_mean(values):
-        return math.exp(statistics.fmean(math.log(x) for x in values))
-
     for name in names:
         geo = {
             path: geometric_mean(ratios[path, name]) for path in ("default", "packed")
@@ -342,32 +373,31 @@ def main() -> None:
                 print(f"\n{path} {name}: {len(listing)} kernels")
                 print("\n".join(f"  {line}" for line in listing))
     if not args.no_peak:
-        # The same number of parameters in 4 and in 17 layers (the temporaries of a
-        # step are per layer; the state is per parameter).
+        # As many parameters in 17 layers as in the MLP's 4 (a step's temporaries
+        # are per layer, the state per parameter); the deep MLP first.
         deep = make_model(width // 2, 16)
         columns = {
-            f"{depth + 1} layers of {width}": (model, False),
-            f"{depth + 1} layers of {width}, packed": (model, True),
             f"17 layers of {width // 2}": (deep, False),
             f"17 layers of {width // 2}, packed": (deep, True),
+            f"{depth + 1} layers of {width}": (model, False),
+            f"{depth + 1} layers of {width}, packed": (model, True),
         }
-        peaks = {
-            name: {
-                column: training_step_peak(name, tree, packed)
-                for column, (tree, packed) in columns.items()
-            }
-            for name in PEAK_VARIANTS
-        }
-        result["training_step_peak"] = peaks
+        training_steps(columns, min(rounds, 3), steps, block, result, args.json)
+        table = result["training_step"]
         print(
-            "\nPeak memory of a training step (loss, gradient, update, apply; batch 64),"
-            " bytes per parameter: arguments and temporaries, from XLA's buffer"
-            " assignment:"
+            "\nA whole training step (loss, gradient, update, apply; batch 64): XLA's"
+            " peak memory in bytes per parameter (arguments and temporaries, from"
+            " its buffer assignment), and the step's time as a ratio to float32"
+            " Adam's:"
         )
-        print(f"| moments | {' | '.join(columns)} |")
-        print("|---" * (len(columns) + 1) + "|")
-        for name, row in peaks.items():
-            print(f"| {name} | {' | '.join(f'{v:.2f}' for v in row.values())} |")
+        print(f"| moments | {' | '.join(table)} |")
+        print("|---" * (len(table) + 1) + "|")
+        for name in PEAK_VARIANTS:
+            cells = [
+                f"{column[name]['peak']:.2f} B, {column[name]['time']:.2f}x"
+                for column in table.values()
+            ]
+            print(f"| {name} | {' | '.join(cells)} |")
     save(result, args.json)
 
 
