@@ -149,7 +149,7 @@ def map_kernels(n: int, rounds: int) -> dict[str, float]:
     return {name: statistics.median(r) for name, r in ratios.items()}
 
 
-#: Variants and models of the training-step peak table.
+#: Variants of the whole-training-step table (peak memory and time).
 PEAK_VARIANTS = ("float32", "float32 (A/A)", "bfloat16", "8-bit", "4-bit")
 
 
@@ -209,7 +209,6 @@ def training_steps(columns, rounds, steps, block, result, path) -> None:
             for name in PEAK_VARIANTS
         }
         save(result, path)
-        del entries
 
 
 def geometric_mean(values):
@@ -257,7 +256,7 @@ def time_steps(entry, steps: int, block: int = 1) -> float:
     next dispatched while one runs, as in a training loop; one wait at the
     end), per step. Timed one by one, each step also pays the wait and the
     dispatch, a fixed cost that pulls every ratio towards 1 (on the 2-core
-    CPU 8-bit Adam's 2.2x read 1.9x)."""
+    CPU 8-bit Adam's 2.4x read 1.9x)."""
     compiled, params, state, grads = entry
     times = []
     for _ in range(steps):

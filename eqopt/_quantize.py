@@ -540,13 +540,10 @@ class QuantizedArray(eqx.Module):
     def dequantize(self) -> Array:
         """The moment as an array of `shape` and `dtype`."""
         if self.normalization == "rank1":
-            unit = self._unit()
-            values = _unflatten(unit, self.shape) * _rank1_scales(
+            scaled = _unflatten(self._unit(), self.shape) * _rank1_scales(
                 self.scales, self.shape
             )
-            if self.kind == "sqrt":
-                values = values * values
-            return values.astype(self.dtype)
+            return self._values(scaled)
         return _unflatten(self._block_values(), self.shape)
 
     def _unit(self) -> Array:
@@ -557,10 +554,14 @@ class QuantizedArray(eqx.Module):
     def _block_values(self) -> Array:
         # Block normalisation: the values in rows of `block_size` (with the
         # padding), in `dtype`.
-        values = self._unit() * self.scales[:, None]
+        return self._values(self._unit() * self.scales[:, None])
+
+    def _values(self, scaled: Array) -> Array:
+        # Scaled codes as the moment's values: squared for a second moment
+        # (stored as its root), in `dtype`.
         if self.kind == "sqrt":
-            values = values * values
-        return values.astype(self.dtype)
+            scaled = scaled * scaled
+        return scaled.astype(self.dtype)
 
     @classmethod
     def quantize(
