@@ -546,15 +546,16 @@ class QuantizedArray(eqx.Module):
             return self._values(scaled)
         return _unflatten(self._block_values(), self.shape)
 
-    def _unit(self) -> Array:
-        # The map's value of each code, in rows, before scaling.
-        codes = self.codes if self.bits == 8 else _unpack_nibbles(self.codes)
+    def _unit(self, rows: slice = slice(None)) -> Array:
+        # The map's value of each code, in rows (those of `rows`), before scaling.
+        codes = self.codes[rows]
+        codes = codes if self.bits == 8 else _unpack_nibbles(codes)
         return _decode(codes, self.kind, self.bits, _looks_up(self.bits))
 
-    def _block_values(self) -> Array:
+    def _block_values(self, rows: slice = slice(None)) -> Array:
         # Block normalisation: the values in rows of `block_size` (with the
-        # padding), in `dtype`.
-        return self._values(self._unit() * self.scales[:, None])
+        # padding; those of `rows`, cut before decoding), in `dtype`.
+        return self._values(self._unit(rows) * self.scales[rows, None])
 
     def _values(self, scaled: Array) -> Array:
         # Scaled codes as the moment's values: squared for a second moment
@@ -908,8 +909,10 @@ def _block_rows(u: Any, rest: Any) -> int | None:
     """The block size in which an elementwise `fn(u, *rest)` runs on rows of
     blocks: where a quantised moment of `rest` is decoded by a lookup
     (`_looks_up`), every quantised moment is block-normalised with that block
-    size and no padding, the other arrays of `rest` are shaped like `u`, and
-    nothing is sharded over an explicit axis. `None` otherwise: decoded
+    size (and rounds to nearest if the last block is padded: the stochastic
+    rounding of a block run apart would draw other numbers), the other arrays
+    of `rest` are shaped like `u`, and nothing is sharded over an explicit
+    axis. `None` otherwise: decoded
     arithmetically, a moment fuses into each kernel that reads it in any
     shape (and on the leaves cut from a packed buffer rows made the step 1.2
     times as long)."""
@@ -920,8 +923,11 @@ def _block_rows(u: Any, rest: Any) -> int | None:
     if not any(x.kind == "dynamic" and _looks_up(x.bits) for x in quantized):
         return None
     (block,) = sizes
-    if u.size % block or any(
-        x.normalization != "block" or x.codes.shape[0] * block != u.size
+    padded = u.size % block != 0
+    if any(
+        x.normalization != "block"
+        or x.codes.shape[0] != -(-u.size // block)
+        or (padded and x.rounding != "nearest")
         for x in quantized
     ):
         return None
@@ -950,28 +956,8 @@ def call_dequantized(fn: Any, u: Any, rest: Any, elementwise: bool = False) -> A
         return fn(u, *rest)
     block = _block_rows(u, rest) if elementwise else None
     if block is not None:
-        shape = u.shape
-        out = fn(
-            u.reshape(-1, block),
-            *(
-                x._block_values()
-                if is_quantized(x)
-                else (x if x is None else x.reshape(-1, block))
-                for x in rest
-            ),
-        )
-        if not isinstance(out, tuple):
-            return out.reshape(shape)
-        # The update, and the outputs that are not quantised again, in the leaf's
-        # shape; new quantised moments stay in rows for their codes.
-        out = tuple(
-            x
-            if x is None or (0 < k <= len(rest) and is_quantized(rest[k - 1]))
-            else x.reshape(shape)
-            for k, x in enumerate(out)
-        )
-    else:
-        out = fn(u, *(dequantize_all(x, u) for x in rest))
+        return _call_in_rows(fn, u, rest, block)
+    out = fn(u, *(dequantize_all(x, u) for x in rest))
     if not isinstance(out, tuple):
         return out
     pairs = [
@@ -986,6 +972,73 @@ def call_dequantized(fn: Any, u: Any, rest: Any, elementwise: bool = False) -> A
     for (k, _, _), new in zip(pairs, requantized, strict=True):
         outputs[k] = new
     return (out[0], *outputs)
+
+
+@no_type_check
+def _call_in_rows(fn, u, rest, block):
+    """`call_dequantized` of an elementwise `fn` in rows of `block` elements.
+
+    The update and the outputs that are not quantised again come back in the
+    leaf's shape. A size that is not a whole number of blocks runs as its
+    whole blocks and, apart, the rest of the last one (padded with zeros, as
+    `_rows` pads), each quantised apart and their codes joined: padded whole,
+    the gradient was a padded copy and the decoded moment a float32
+    temporary, twice the step's time (`benchmarks/lowbit_bench.py`).
+    """
+    shape, size = u.shape, u.size
+    whole = size // block * block
+    rows = whole // block
+
+    def head(x):
+        if x is None:
+            return None
+        if is_quantized(x):
+            return x._block_values(slice(None) if whole == size else slice(rows))
+        flat = x.reshape(-1)
+        return (flat if whole == size else flat[:whole]).reshape(rows, block)
+
+    def tail(x):
+        if x is None:
+            return None
+        if is_quantized(x):
+            return x._block_values(slice(rows, None))[:, : size - whole]
+        return x.reshape(-1)[whole:][None]
+
+    def requantized(out):
+        out = out if isinstance(out, tuple) else (out,)
+        keep = [k for k, old in enumerate(rest, 1) if is_quantized(old)]
+        new = requantize_all([rest[k - 1] for k in keep], [out[k] for k in keep])
+        outputs = list(out)
+        for k, q in zip(keep, new, strict=True):
+            outputs[k] = q
+        return outputs
+
+    first = requantized(fn(*map(head, (u, *rest))))
+    if whole == size:
+        outputs = first
+    else:
+        last = requantized(fn(*map(tail, (u, *rest))))
+        outputs = [
+            _joined(x, y)
+            if is_quantized(x)
+            else (x if x is None else jnp.concatenate([x.reshape(-1), y.reshape(-1)]))
+            for x, y in zip(first, last, strict=True)
+        ]
+    outputs = [x if x is None or is_quantized(x) else x.reshape(shape) for x in outputs]
+    return tuple(outputs) if len(outputs) > 1 else outputs[0]
+
+
+@no_type_check
+def _joined(first, last):
+    """The quantised moment of `first`'s rows of codes followed by `last`'s."""
+    return eqx.tree_at(
+        lambda q: (q.codes, q.scales),
+        first,
+        (
+            jnp.concatenate([first.codes, last.codes]),
+            jnp.concatenate([first.scales, last.scales]),
+        ),
+    )
 
 
 def quantized_on_buffers(*dtypes: Any) -> bool:
