@@ -378,9 +378,11 @@ def decoding_table(kind: str, bits: int) -> np.ndarray:
 
 
 @no_type_check
-def _encode(y, kind, bits, rounding="nearest"):
+def _encode(y, kind, bits, rounding="nearest", first_row=0):
+    # `first_row`: the index of `y`'s first row among the moment's (stochastic
+    # rounding draws by position).
     if rounding == "stochastic":
-        return _encode_stochastic(y, kind, bits)
+        return _encode_stochastic(y, kind, bits, first_row)
     if kind == "dynamic":
         return _encode_dynamic(y, bits)
     if kind == "linear":
@@ -401,17 +403,19 @@ def _decode(codes, kind, bits, lookup=False):
 
 
 @no_type_check
-def _dither(y):
+def _dither(y, first_row=0):
     """A uniform number in [0, 1) per element of `y`: a hash of the element's
     position and float bits (MurmurHash3's 32-bit finaliser), so that rounding
     needs no key in the state and a restored checkpoint rounds as the
     uninterrupted run does. A moment changes every step, and so do its
     numbers; a value that comes back bit for bit (an element without gradient
     in a block whose scale stays exactly the same) rounds the same way again,
-    which a training step, whose gradients move the scale, rarely repeats."""
-    index = jax.lax.broadcasted_iota(jnp.uint32, y.shape, 0) * jnp.uint32(
-        y.shape[1]
-    ) + jax.lax.broadcasted_iota(jnp.uint32, y.shape, 1)
+    which a training step, whose gradients move the scale, rarely repeats.
+    The rows of `y` are the moment's from `first_row` on."""
+    row = jax.lax.broadcasted_iota(jnp.uint32, y.shape, 0) + jnp.uint32(first_row)
+    index = row * jnp.uint32(y.shape[1]) + jax.lax.broadcasted_iota(
+        jnp.uint32, y.shape, 1
+    )
     h = jax.lax.bitcast_convert_type(y, jnp.uint32) ^ (index * jnp.uint32(0x9E3779B9))
     h = h ^ (h >> 16)
     h = h * jnp.uint32(0x85EBCA6B)
@@ -422,7 +426,7 @@ def _dither(y):
 
 
 @no_type_check
-def _encode_stochastic(y, kind, bits):
+def _encode_stochastic(y, kind, bits, first_row=0):
     """Stochastic rounding (Gupta et al.): the code of the map's value just below
     or just above `y`, the upper one with probability (y - below) / (above -
     below), so that the decoded value is `y` on average. Values beyond the
@@ -437,7 +441,11 @@ def _encode_stochastic(y, kind, bits):
         # The top code: 1 (a normalised value may exceed it by a rounding).
         top = levels - 1 if kind == "sqrt" else 2 * levels
         below = jnp.clip(jnp.floor(position), 0.0, top)
-        up = (_dither(y) < position - below) & (position >= 0.0) & (below < top)
+        up = (
+            (_dither(y, first_row) < position - below)
+            & (position >= 0.0)
+            & (below < top)
+        )
         return (below + up.astype(jnp.float32)).astype(jnp.uint8)
     nearest = _encode(y, kind, bits).astype(jnp.int32)
     value = _decode(nearest, kind, bits)
@@ -451,7 +459,7 @@ def _encode_stochastic(y, kind, bits):
     high = jnp.where(under, value, other_value)
     # Up with probability (y - low) / (high - low), without a division; never up
     # where the two are one value (at the map's ends).
-    up = _dither(y) * (high - low) < y - low
+    up = _dither(y, first_row) * (high - low) < y - low
     return jnp.where(up, above, below).astype(jnp.uint8)
 
 
@@ -544,7 +552,7 @@ class QuantizedArray(eqx.Module):
                 self.scales, self.shape
             )
             return self._values(scaled)
-        return _unflatten(self._block_values(), self.shape)
+        return self._flat_values().reshape(self.shape)
 
     def _unit(self, rows: slice = slice(None)) -> Array:
         # The map's value of each code, in rows (those of `rows`), before scaling.
@@ -556,6 +564,17 @@ class QuantizedArray(eqx.Module):
         # Block normalisation: the values in rows of `block_size` (with the
         # padding; those of `rows`, cut before decoding), in `dtype`.
         return self._values(self._unit(rows) * self.scales[rows, None])
+
+    def _flat_values(self) -> Array:
+        # Block normalisation: the values flattened, the padding cut from the
+        # codes and scales before decoding (cut after, the decoded rows were a
+        # float32 temporary of their own).
+        codes = self.codes if self.bits == 8 else _unpack_nibbles(self.codes)
+        unit = _decode(
+            codes.reshape(-1)[: self.size], self.kind, self.bits, _looks_up(self.bits)
+        )
+        scales = jnp.broadcast_to(self.scales[:, None], codes.shape)
+        return self._values(unit * scales.reshape(-1)[: self.size])
 
     def _values(self, scaled: Array) -> Array:
         # Scaled codes as the moment's values: squared for a second moment
@@ -593,6 +612,7 @@ class QuantizedArray(eqx.Module):
         kind: str,
         dtype: Any,
         rounding: str = "nearest",
+        first_row: int = 0,
     ) -> "QuantizedArray":
         # A second moment stores sqrt(v): its scale is the root of the block's
         # maximum, and the root of each element is taken only here, by the
@@ -601,7 +621,9 @@ class QuantizedArray(eqx.Module):
         scales = maxima
         if kind == "sqrt":
             scales, rows = jnp.sqrt(maxima), jnp.sqrt(rows)
-        codes = _encode(rows * _inverse(scales)[:, None], kind, bits, rounding)
+        codes = _encode(
+            rows * _inverse(scales)[:, None], kind, bits, rounding, first_row
+        )
         if bits == 4:
             codes = _pack_nibbles(codes)
         return cls(
@@ -796,31 +818,69 @@ def _block_maxima(rows):
 @no_type_check
 def requantize_all(olds, news):
     """Each of `news` quantised in the format of the matching `olds`, with the block
-    maxima of all the block-normalised ones taken in one pass."""
-    pairs = list(enumerate(zip(olds, news, strict=True)))
-    rows = {
-        index: _rows(new, old.kind, old.block_size)
-        for index, (old, new) in pairs
+    maxima of all the block-normalised ones taken in one pass.
+
+    A moment that is not a whole number of blocks is quantised as its whole
+    blocks and, apart, the rest of the last one padded with zeros (the same
+    codes as the whole padded): padded whole, the new moment was written to a
+    padded float32 copy first, and an 8-bit Adam step on a width-1000 MLP took
+    twice as long (`benchmarks/lowbit_bench.py --width 1000`).
+    """
+    cut = {
+        index: _cut_rows(new, old.kind, old.block_size)
+        for index, (old, new) in enumerate(zip(olds, news, strict=True))
         if old.normalization != "rank1"
     }
-    blocked = _block_maxima(list(rows.values())) if rows else []
-    maxima = dict(zip(rows, blocked, strict=True))
+    return _quantized_rows(olds, news, cut)
+
+
+@no_type_check
+def _quantized_rows(olds, news, cut):
+    """`requantize_all` with the block-normalised moments already in rows: `cut`
+    maps their indices to (whole blocks, the padded rest or `None`)."""
+    heads = {index: head for index, (head, _) in cut.items()}
+    tails = {index: tail for index, (_, tail) in cut.items() if tail is not None}
+    maxima, tail_maxima = (
+        dict(zip(rows, _block_maxima(list(rows.values())) if rows else [], strict=True))
+        for rows in (heads, tails)
+    )
+
+    def quantized(index, old, new):
+        if index not in cut:
+            return _quantize_rank1(
+                new, old.bits, old.kind, old.block_size, old.dtype, old.rounding
+            )
+        head = heads[index]
+        fields = (old.shape, old.bits, old.kind, old.dtype, old.rounding)
+        first = QuantizedArray._from_rows(head, maxima[index], *fields)
+        if index not in tails:
+            return first
+        last = QuantizedArray._from_rows(
+            tails[index], tail_maxima[index], *fields, first_row=head.shape[0]
+        )
+        return _joined(first, last)
+
     return [
-        QuantizedArray._from_rows(
-            rows[index],
-            maxima[index],
-            old.shape,
-            old.bits,
-            old.kind,
-            old.dtype,
-            old.rounding,
-        )
-        if index in rows
-        else _quantize_rank1(
-            new, old.bits, old.kind, old.block_size, old.dtype, old.rounding
-        )
-        for index, (old, new) in pairs
+        quantized(index, old, new)
+        for index, (old, new) in enumerate(zip(olds, news, strict=True))
     ]
+
+
+@no_type_check
+def _cut_rows(x, kind, block_size):
+    """`_rows` of `x` as its whole blocks and the rest of the last block, padded
+    (`None` when there is no rest; all of `x` padded when it has no whole block)."""
+    size = x.size
+    whole = size // block_size * block_size
+    if whole in (0, size):
+        return _rows(x, kind, block_size), None
+    x, _ = gathered(jnp.asarray(x, jnp.float32))
+    flat = x.reshape(-1)
+    head = flat[:whole].reshape(-1, block_size)
+    tail = jnp.pad(flat[whole:], (0, whole + block_size - size))[None]
+    if kind == "sqrt":
+        head, tail = jnp.maximum(head, 0.0), jnp.maximum(tail, 0.0)
+    return head, tail
 
 
 # ---------------------------------------------------------------------------
@@ -981,9 +1041,10 @@ def _call_in_rows(fn, u, rest, block):
     The update and the outputs that are not quantised again come back in the
     leaf's shape. A size that is not a whole number of blocks runs as its
     whole blocks and, apart, the rest of the last one (padded with zeros, as
-    `_rows` pads), each quantised apart and their codes joined: padded whole,
-    the gradient was a padded copy and the decoded moment a float32
-    temporary, twice the step's time (`benchmarks/lowbit_bench.py`).
+    `_rows` pads), quantised apart and their codes joined (`requantize_all`);
+    its update runs on the leaf flattened, the moments decoded without their
+    padding (`_flat_values`), where joining the two parts' updates made XLA
+    compile the parameter update into a loop it did not vectorise.
     """
     shape, size = u.shape, u.size
     whole = size // block * block
@@ -1004,28 +1065,34 @@ def _call_in_rows(fn, u, rest, block):
             return x._block_values(slice(rows, None))[:, : size - whole]
         return x.reshape(-1)[whole:][None]
 
-    def requantized(out):
-        out = out if isinstance(out, tuple) else (out,)
-        keep = [k for k, old in enumerate(rest, 1) if is_quantized(old)]
-        new = requantize_all([rest[k - 1] for k in keep], [out[k] for k in keep])
-        outputs = list(out)
-        for k, q in zip(keep, new, strict=True):
-            outputs[k] = q
-        return outputs
+    def flat(x):
+        if x is None:
+            return None
+        return x._flat_values() if is_quantized(x) else x.reshape(-1)
 
-    first = requantized(fn(*map(head, (u, *rest))))
-    if whole == size:
-        outputs = first
-    else:
-        last = requantized(fn(*map(tail, (u, *rest))))
-        outputs = [
-            _joined(x, y)
-            if is_quantized(x)
-            else (x if x is None else jnp.concatenate([x.reshape(-1), y.reshape(-1)]))
-            for x, y in zip(first, last, strict=True)
-        ]
-    outputs = [x if x is None or is_quantized(x) else x.reshape(shape) for x in outputs]
-    return tuple(outputs) if len(outputs) > 1 else outputs[0]
+    def outputs(out):
+        return list(out) if isinstance(out, tuple) else [out]
+
+    first = outputs(fn(*map(head, (u, *rest))))
+    last = outputs(fn(*map(tail, (u, *rest)))) if whole != size else None
+    plain = outputs(fn(*map(flat, (u, *rest)))) if whole != size else first
+    moments = [k for k, old in enumerate(rest, 1) if is_quantized(old)]
+    cut = {
+        k: (
+            _rows(first[k], rest[k - 1].kind, block),
+            None if last is None else _rows(last[k], rest[k - 1].kind, block),
+        )
+        for k in moments
+    }
+    new = _quantized_rows(
+        [rest[k - 1] for k in moments],
+        [first[k] for k in moments],
+        {index: cut[k] for index, k in enumerate(moments)},
+    )
+    result = [x if x is None else x.reshape(shape) for x in plain]
+    for k, moment in zip(moments, new, strict=True):
+        result[k] = moment
+    return tuple(result) if len(result) > 1 else result[0]
 
 
 @no_type_check

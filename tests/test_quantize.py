@@ -267,9 +267,9 @@ def test_moments_in_rows_of_blocks_are_the_leaf_shaped_numbers(name, bits, monke
     rows of blocks (`call_dequantized`): a leaf that is not a whole number of
     blocks as its whole blocks and, apart, the rest (even when it has no whole
     block); every leaf of a 4-bit or second-moment-only transform goes through
-    its own shape. Bit for bit the numbers of the leaf-shaped step where the
-    leaf is whole blocks; to float32's rounding where it is cut (XLA compiles
-    the cut leaf's arithmetic into other kernels)."""
+    its own shape. The numbers of the leaf-shaped step, to float32's rounding
+    (XLA compiles the same arithmetic into other kernels: the last bit of an
+    update may differ)."""
     import eqopt._quantize as quantize
 
     if jax.default_backend() != "cpu":
@@ -308,13 +308,9 @@ def test_moments_in_rows_of_blocks_are_the_leaf_shaped_numbers(name, bits, monke
     assert set(used) == ({64} if lookup else {None})
     monkeypatch.setattr(quantize, "_block_rows", lambda u, rest: None)
     shaped = run()
-    for a, b in zip(*(_paths_and_leaves(r) for r in (in_rows, shaped)), strict=True):
-        (path, a), (_, b) = a, b
+    for a, b in zip(jax.tree.leaves(in_rows), jax.tree.leaves(shaped), strict=True):
         a, b = np.asarray(a), np.asarray(b)
-        if "'w'" in path:
-            np.testing.assert_array_equal(a, b)
-        else:
-            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6 * np.abs(b).max())
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6 * np.abs(b).max())
 
 
 def test_stochastic_rounding_keeps_a_cut_leaf_in_its_shape():
@@ -331,13 +327,6 @@ def test_stochastic_rounding_keeps_a_cut_leaf_in_its_shape():
             u = jnp.ones(size)
             mu = quantize.moment_like(u, fmt)
             assert quantize._block_rows(u, (mu, u)) == expected
-
-
-def _paths_and_leaves(tree):
-    return [
-        (jax.tree_util.keystr(path), leaf)
-        for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
-    ]
 
 
 def test_training_step_keeps_the_state_saving_at_its_peak():
