@@ -969,10 +969,8 @@ def _block_rows(u: Any, rest: Any) -> int | None:
     """The block size in which an elementwise `fn(u, *rest)` runs on rows of
     blocks: where a quantised moment of `rest` is decoded by a lookup
     (`_looks_up`), every quantised moment is block-normalised with that block
-    size (and rounds to nearest if the last block is padded: the stochastic
-    rounding of a block run apart would draw other numbers), the other arrays
-    of `rest` are shaped like `u`, and nothing is sharded over an explicit
-    axis. `None` otherwise: decoded
+    size, the other arrays of `rest` are shaped like `u`, and nothing is
+    sharded over an explicit axis. `None` otherwise: decoded
     arithmetically, a moment fuses into each kernel that reads it in any
     shape (and on the leaves cut from a packed buffer rows made the step 1.2
     times as long)."""
@@ -983,11 +981,8 @@ def _block_rows(u: Any, rest: Any) -> int | None:
     if not any(x.kind == "dynamic" and _looks_up(x.bits) for x in quantized):
         return None
     (block,) = sizes
-    padded = u.size % block != 0
     if any(
-        x.normalization != "block"
-        or x.codes.shape[0] != -(-u.size // block)
-        or (padded and x.rounding != "nearest")
+        x.normalization != "block" or x.codes.shape[0] != -(-u.size // block)
         for x in quantized
     ):
         return None

@@ -313,20 +313,23 @@ def test_moments_in_rows_of_blocks_are_the_leaf_shaped_numbers(name, bits, monke
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6 * np.abs(b).max())
 
 
-def test_stochastic_rounding_keeps_a_cut_leaf_in_its_shape():
-    """A leaf cut into whole blocks and a rest would draw the rest's rounding from
-    other positions than its shape does: with stochastic rounding it keeps its
-    shape; whole blocks go in rows either way."""
-    import eqopt._quantize as quantize
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@pytest.mark.parametrize("bits, kind", [(8, "dynamic"), (8, "sqrt"), (4, "linear")])
+def test_a_cut_moment_has_the_codes_of_the_padded_one(bits, kind, rounding):
+    """A moment of 2 blocks and 22 elements is requantised as its whole blocks and,
+    apart, its padded rest (`requantize_all`): the codes and scales of the whole
+    padded at once, stochastic rounding's draws included (they depend on the
+    position in the moment)."""
+    from eqopt._quantize import QuantizedArray, requantize_all
 
-    if jax.default_backend() != "cpu":
-        pytest.skip("the lookup, and so the rows, are CPU's")
-    for rounding, whole, cut in (("nearest", 64, 64), ("stochastic", 64, None)):
-        fmt = eqopt.Quantized(8, block_size=64, min_size=0, rounding=rounding)
-        for size, expected in ((128, whole), (150, cut)):
-            u = jnp.ones(size)
-            mu = quantize.moment_like(u, fmt)
-            assert quantize._block_rows(u, (mu, u)) == expected
+    x = jax.random.normal(jax.random.key(3), (5, 30)) * jnp.logspace(-4, 0, 30)[None]
+    if kind == "sqrt":
+        x = x * x
+    padded = QuantizedArray.quantize(x, bits, kind, 64, jnp.float32, rounding=rounding)
+    (cut,) = requantize_all([padded], [x])
+    assert cut.codes.shape == padded.codes.shape == (3, 64 if bits == 8 else 32)
+    np.testing.assert_array_equal(np.asarray(cut.codes), np.asarray(padded.codes))
+    np.testing.assert_array_equal(np.asarray(cut.scales), np.asarray(padded.scales))
 
 
 def test_training_step_keeps_the_state_saving_at_its_peak():
