@@ -556,8 +556,14 @@ class QuantizedArray(eqx.Module):
 
     def _unit(self, rows: slice = slice(None)) -> Array:
         # The map's value of each code, in rows (those of `rows`), before scaling.
-        codes = self.codes[rows]
+        return self._decoded(self.codes[rows])
+
+    def _decoded(self, codes: Array, size: int | None = None) -> Array:
+        # The map's value of each code of `codes` (rows of this array's codes),
+        # flattened and cut to `size` before decoding where `size` is given.
         codes = codes if self.bits == 8 else _unpack_nibbles(codes)
+        if size is not None:
+            codes = codes.reshape(-1)[:size]
         return _decode(codes, self.kind, self.bits, _looks_up(self.bits))
 
     def _block_values(self, rows: slice = slice(None)) -> Array:
@@ -569,12 +575,10 @@ class QuantizedArray(eqx.Module):
         # Block normalisation: the values flattened, the padding cut from the
         # codes and scales before decoding (cut after, the decoded rows were a
         # float32 temporary of their own).
-        codes = self.codes if self.bits == 8 else _unpack_nibbles(self.codes)
-        unit = _decode(
-            codes.reshape(-1)[: self.size], self.kind, self.bits, _looks_up(self.bits)
-        )
-        scales = jnp.broadcast_to(self.scales[:, None], codes.shape)
-        return self._values(unit * scales.reshape(-1)[: self.size])
+        unit = self._decoded(self.codes, self.size)
+        rows = (self.scales.shape[0], self.block_size)
+        scales = jnp.broadcast_to(self.scales[:, None], rows).reshape(-1)
+        return self._values(unit * scales[: self.size])
 
     def _values(self, scaled: Array) -> Array:
         # Scaled codes as the moment's values: squared for a second moment
@@ -870,17 +874,12 @@ def _quantized_rows(olds, news, cut):
 def _cut_rows(x, kind, block_size):
     """`_rows` of `x` as its whole blocks and the rest of the last block, padded
     (`None` when there is no rest; all of `x` padded when it has no whole block)."""
-    size = x.size
-    whole = size // block_size * block_size
-    if whole in (0, size):
+    whole = x.size // block_size * block_size
+    if whole in (0, x.size):
         return _rows(x, kind, block_size), None
-    x, _ = gathered(jnp.asarray(x, jnp.float32))
-    flat = x.reshape(-1)
-    head = flat[:whole].reshape(-1, block_size)
-    tail = jnp.pad(flat[whole:], (0, whole + block_size - size))[None]
-    if kind == "sqrt":
-        head, tail = jnp.maximum(head, 0.0), jnp.maximum(tail, 0.0)
-    return head, tail
+    # Cut once gathered (`_rows` gathers an array split over an explicit axis).
+    flat = gathered(x)[0].reshape(-1)
+    return _rows(flat[:whole], kind, block_size), _rows(flat[whole:], kind, block_size)
 
 
 # ---------------------------------------------------------------------------
@@ -1049,9 +1048,8 @@ def _call_in_rows(fn, u, rest, block):
         if x is None:
             return None
         if is_quantized(x):
-            return x._block_values(slice(None) if whole == size else slice(rows))
-        flat = x.reshape(-1)
-        return (flat if whole == size else flat[:whole]).reshape(rows, block)
+            return x._block_values(slice(rows))
+        return x.reshape(-1)[:whole].reshape(rows, block)
 
     def tail(x):
         if x is None:
@@ -1072,18 +1070,15 @@ def _call_in_rows(fn, u, rest, block):
     last = outputs(fn(*map(tail, (u, *rest)))) if whole != size else None
     plain = outputs(fn(*map(flat, (u, *rest)))) if whole != size else first
     moments = [k for k, old in enumerate(rest, 1) if is_quantized(old)]
+    olds = [rest[k - 1] for k in moments]
     cut = {
-        k: (
-            _rows(first[k], rest[k - 1].kind, block),
-            None if last is None else _rows(last[k], rest[k - 1].kind, block),
+        index: (
+            _rows(first[k], old.kind, block),
+            None if last is None else _rows(last[k], old.kind, block),
         )
-        for k in moments
+        for index, (k, old) in enumerate(zip(moments, olds, strict=True))
     }
-    new = _quantized_rows(
-        [rest[k - 1] for k in moments],
-        [first[k] for k in moments],
-        {index: cut[k] for index, k in enumerate(moments)},
-    )
+    new = _quantized_rows(olds, [first[k] for k in moments], cut)
     result = [x if x is None else x.reshape(shape) for x in plain]
     for k, moment in zip(moments, new, strict=True):
         result[k] = moment
