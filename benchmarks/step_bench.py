@@ -24,7 +24,8 @@ round (< 1 means faster than Optax).
 Both libraries are jitted the same way, with `jax.jit` on trees of arrays:
 Optax gets `eqx.filter(model, eqx.is_array)`, and eqopt gets the same arrays,
 recombined inside the jitted function with the model's non-array leaves (so
-`opt.update` sees the whole Equinox model, as in DESIGN §1) and with the
+`opt.update` sees the whole Equinox model, as in docs/design.md, "Whole models
+are the params") and with the
 optimiser's array leaves (its hyperparameters) passed as arguments, as
 `eqx.filter_jit` would pass them.
 

@@ -4,8 +4,9 @@
 activation functions and sizes as leaves) to a smooth target by full-batch
 steps and returns the loss before and after, the model and the state. The step
 is one `eqx.filter_jit`-ed function that donates the model and the state (as
-DESIGN.md recommends, which also checks that no state shares a buffer with the
-model); the optimiser is passed in, so its hyperparameters stay leaves.
+the step in docs/design.md, "Whole models are the params", does; donating also
+checks that no state shares a buffer with the model); the optimiser is passed
+in, so its hyperparameters stay leaves.
 
 The three problems are the ones the tests' thresholds were set on:
 

@@ -231,7 +231,7 @@ ELEMENTWISE_CASES = [c for c in ALL_CASES if build(c.make, make_model()).element
 def test_elementwise_declared():
     for case in ALL_CASES:
         assert isinstance(build(case.make, make_model()).elementwise, bool), case.name
-    # The claim is made where DESIGN §2 says it holds.
+    # The claim is made where docs/design.md, "Elementwise updates", says it holds.
     assert (
         eqopt.scale_by_adam().elementwise and eqopt.clip_by_global_norm(1.0).elementwise
     )

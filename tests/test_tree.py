@@ -451,7 +451,8 @@ def test_bad_arguments():
 
 
 def test_type_annotations_are_checked():
-    # eqopt imports its modules under jaxtyping's import hook (DESIGN §7).
+    # eqopt imports its modules under jaxtyping's import hook
+    # (docs/design.md, "Type checking").
     if not hasattr(eqopt.tree.scale, "__wrapped__"):
         pytest.skip("eqopt.tree was imported outside eqopt's import hook")
     with pytest.raises(TypeError):  # `scalar` must be a scalar
