@@ -39,6 +39,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "eqopt._signatures",
             "eqopt._deprecation",
             "eqopt._quantize",
+            "eqopt._quantize.*",
             "eqopt._structure",
             "eqopt._hyper",
             "eqopt._defaults",
