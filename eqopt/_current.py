@@ -10,6 +10,7 @@ from jaxtyping import Array
 from ._base import AbstractGradientTransformation, OptState
 from ._combine import Chain, Partition
 from ._hyper import is_hyperparameter_field, weakly_typed
+from ._scheduled import ScaleByScheduleState
 from ._wrappers.inject import InjectHyperparams, InjectStatefulHyperparams
 
 
@@ -23,6 +24,11 @@ def current_hyperparams(
     [`eqopt.inject_hyperparams`][] is read from the state (where a user may have
     replaced it), its schedules evaluated at the state's count. This works for any
     optimiser, chain, partition or wrapper, inside `jit` too.
+
+    A transform of your own keeps its schedules' step count in its state, as
+    `eqopt.init_count_if_scheduled` makes it: in the field `count`, or in any one
+    field of the state (an integer field `count` works too). A schedule whose
+    state holds no such count, or several, raises a `TypeError` that says so.
 
     A hyperparameter is keyed by its name (`"learning_rate"`, `"b1"`) where that
     name is unique in the optimiser, and otherwise by the names of the parts that
@@ -90,10 +96,7 @@ def _collect(transform: Any, state: Any, path: tuple[str, ...], found: list) -> 
             inner.append((field.name, value))
         elif is_hyperparameter_field(field) and value is not None:
             if callable(value) and not eqx.is_array(value):
-                count = getattr(state, "count", None)
-                if count is None:
-                    continue  # a schedule whose count this state does not show
-                value = value(count)
+                value = value(_step_count(transform, field.name, state))
             found.append(((*path, field.name), value))
     # A wrapper: its inner transforms' states are the state's `*state` fields, in order.
     inner_states = [
@@ -104,3 +107,46 @@ def _collect(transform: Any, state: Any, path: tuple[str, ...], found: list) -> 
     if len(inner_states) == len(inner):
         for (name, part), part_state in zip(inner, inner_states, strict=True):
             _collect(part, part_state, (*path, name), found)
+
+
+def _is_count(value: Any) -> bool:
+    return (
+        eqx.is_array(value)
+        and value.ndim == 0
+        and jnp.issubdtype(value.dtype, jnp.integer)
+    )
+
+
+def _step_count(transform: Any, name: str, state: Any) -> Array:
+    # The step count a transform's schedules are evaluated at, looked for in this
+    # order: the state itself, or its field `count`, as `init_count_if_scheduled`
+    # makes them (a `ScaleByScheduleState`) or as an integer; the one field that
+    # holds a `ScaleByScheduleState`; the one integer field named `*_count`.
+    if isinstance(state, ScaleByScheduleState):
+        return state.count
+    fields = dataclasses.fields(state) if dataclasses.is_dataclass(state) else ()
+    values = {f.name: getattr(state, f.name, None) for f in fields}
+    count = values.get("count")
+    if isinstance(count, ScaleByScheduleState):
+        return count.count
+    if _is_count(count):
+        return count
+    held = [k for k, v in values.items() if isinstance(v, ScaleByScheduleState)]
+    named = [k for k, v in values.items() if k.endswith("_count") and _is_count(v)]
+    for candidates in (held, named):
+        if len(candidates) == 1:
+            value = values[candidates[0]]
+            return value.count if candidates is held else value
+    several = held if len(held) > 1 else named
+    what = (
+        f"several step counts (`{'`, `'.join(several)}`)"
+        if len(several) > 1
+        else "no step count"
+    )
+    raise TypeError(
+        f"`{type(transform).__name__}.{name}` is a schedule, but the state "
+        f"`{type(state).__name__}` holds {what} to evaluate it at: keep what "
+        "`eqopt.init_count_if_scheduled` returns in one field of the state (or the "
+        "step count, an integer, in a field `count`) and advance it with "
+        "`eqopt.current_value`."
+    )

@@ -347,3 +347,52 @@ def test_whole_params_mask_says_it_the_same_way():
             _adam(), lambda params: {k: v.ndim > 1 for k, v in params.items()}
         ).init(_PARAMS)
     _assert_short(info.value, "['b']", "AttributeError", "per-leaf predicate")
+
+
+# ---------------------------------------------------------------------------
+# Gradients of another model: the field that differs, and the fix
+# ---------------------------------------------------------------------------
+
+
+def test_gradients_of_another_model_name_the_static_field_and_the_fix():
+    model = _mlp(depth=2)
+    opt = eqopt.adam(1e-3)
+    with pytest.raises(ValueError) as info:
+        opt.update(_grads(_mlp(depth=3)), opt.init(model), model)
+    _assert_short(
+        info.value,
+        "`updates` has `MLP(depth=3, ...)` where `params` has `MLP(depth=2, ...)`",
+        "static field, not a leaf",
+        "gradients of another model",
+        "`eqx.filter_grad` of the same model",
+    )
+    assert "<root>" not in str(info.value)
+    # The fix the message gives works.
+    opt.update(_grads(model), opt.init(model), model)
+
+
+def test_a_nested_module_built_otherwise_is_named_by_its_path():
+    def params(out_features):
+        return {
+            "head": eqx.nn.Linear(3, out_features, key=jax.random.key(0)),
+            "scale": jnp.ones(3),
+        }
+
+    model = params(2)
+    opt = eqopt.sgd(0.1)
+    with pytest.raises(ValueError) as info:
+        opt.update(params(4), opt.init(model), model)
+    _assert_short(
+        info.value,
+        "at ['head'], `updates` has `Linear(out_features=4, ...)`",
+        "`Linear(out_features=2, ...)`",
+        "eqx.filter_grad",
+    )
+
+
+def test_state_of_another_model_says_to_init_on_this_one():
+    model = _mlp(depth=2)
+    opt = eqopt.scale_by_adam()
+    with pytest.raises(ValueError) as info:
+        opt.update(_grads(model), opt.init(_mlp(depth=3)))
+    _assert_short(info.value, "`state`", "depth", "`init` the optimiser on the model")
