@@ -1,34 +1,24 @@
 """eqopt: gradient processing and optimisation for JAX, the Equinox way."""
 
-# ruff: noqa: E402 (the package's modules are imported after the hook is installed)
-
 import importlib
 import importlib.metadata
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 # Every public function, method and Module of eqopt carries jaxtyping annotations,
-# checked with beartype (at trace time under jit) through the import hook of
-# `eqopt/_hook.py`. Setting JAXTYPING_DISABLE=1 turns the checks off.
-import equinox as _equinox  # noqa: F401
-import jax as _jax  # noqa: F401
-
-from . import _hook
+# checked with beartype (at trace time under jit) by the decorators `@checked`,
+# `@init_entry` and `@update_entry` where each is defined (eqopt/_typecheck.py,
+# eqopt/_entry.py). Setting JAXTYPING_DISABLE=1 turns the checks off.
 from ._typecheck import (
     ArgumentTypeError as ArgumentTypeError,
     ArgumentValueError as ArgumentValueError,
 )
 
-# Installed once and kept (it only touches modules named `eqopt.*`), so the
-# namespaces imported lazily below are checked too, however they are imported
-# (`eqopt.contrib`, `import eqopt.contrib`, `from eqopt.contrib import muon`).
-_hook.install()
-
 # Every public name loads on first use (PEP 562), which keeps `import eqopt` close
 # to `import jax, equinox` (benchmarks/import_time.py): `eqopt.adam` imports the
 # modules it needs the first time it is read, and then it is a plain attribute.
-# The names and where they live are the imports in the `_TYPE_CHECKING` block
-# below, which type checkers and the docs read as ordinary imports; at run time
-# that block is read once, on the first lookup, to build the table.
+# Where each name lives is the plain table of `eqopt/_exports.py`; the
+# `_TYPE_CHECKING` block below imports the same names for type checkers and the
+# docs (tests/test_import.py checks that the two agree).
 if _TYPE_CHECKING:
     from . import (
         assignment as assignment,
@@ -67,10 +57,7 @@ if _TYPE_CHECKING:
         GradientTransformationExtraArgs as GradientTransformationExtraArgs,
         OptState as OptState,
         Params as Params,
-        PerformanceHint as PerformanceHint,
         Updates as Updates,
-        leafwise as leafwise,
-        zeros_like_trainable as zeros_like_trainable,
     )
     from ._combine import (
         Chain as Chain,
@@ -83,6 +70,7 @@ if _TYPE_CHECKING:
         partition as partition,
     )
     from ._current import current_hyperparams as current_hyperparams
+    from ._entry import PerformanceHint as PerformanceHint
     from ._filters import FilterSpec as FilterSpec
     from ._fused._bucketed import (
         Bucketed as Bucketed,
@@ -104,6 +92,10 @@ if _TYPE_CHECKING:
         OptaxTransformation as OptaxTransformation,
         from_optax as from_optax,
         to_optax as to_optax,
+    )
+    from ._leafwise import (
+        leafwise as leafwise,
+        zeros_like_trainable as zeros_like_trainable,
     )
     from ._linalg import (
         matrix_inverse_pth_root as matrix_inverse_pth_root,
@@ -493,39 +485,25 @@ if _TYPE_CHECKING:
     )
 
 
-def _public_names() -> dict[str, tuple[str, str | None]]:
-    # name -> (module, attribute in it), None for a submodule.
-    import ast
+def _table() -> dict[str, tuple[str, str | None]]:
+    # name -> (module, attribute in it), None for a submodule; built once.
+    global _PUBLIC
+    if _PUBLIC is None:
+        from ._exports import EXPORTS, RENAMED, SUBMODULES
 
-    with open(__file__, encoding="utf-8") as file:
-        module = ast.parse(file.read())
-    block = next(
-        node
-        for node in module.body
-        if isinstance(node, ast.If)
-        and isinstance(node.test, ast.Name)
-        and node.test.id == "_TYPE_CHECKING"
-    )
-    table: dict[str, tuple[str, str | None]] = {}
-    for node in block.body:
-        assert isinstance(node, ast.ImportFrom) and node.level == 1
-        for alias in node.names:
-            name = alias.asname or alias.name
-            if node.module is None:
-                table[name] = (f"{__name__}.{alias.name}", None)
-            else:
-                table[name] = (f"{__name__}.{node.module}", alias.name)
-    return table
+        table: dict[str, tuple[str, str | None]] = {
+            name: (f"{__name__}.{name}", None) for name in SUBMODULES
+        }
+        for module, names in EXPORTS.items():
+            for name in names:
+                table[name] = (f"{__name__}{module}", name)
+        for name, (module, attribute) in RENAMED.items():
+            table[name] = (f"{__name__}{module}", attribute)
+        _PUBLIC = table
+    return _PUBLIC
 
 
 _PUBLIC: dict[str, tuple[str, str | None]] | None = None
-
-
-def _table() -> dict[str, tuple[str, str | None]]:
-    global _PUBLIC
-    if _PUBLIC is None:
-        _PUBLIC = _public_names()
-    return _PUBLIC
 
 
 def _version() -> str:

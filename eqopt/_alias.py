@@ -1,6 +1,6 @@
 """Optimisers: named chains of the building blocks, spelled as in Optax.
 
-Each optimiser is an [`eqopt.Chain`][] whose parts sit in the same positions as
+Each optimiser is an `eqopt.Chain` whose parts sit in the same positions as
 in Optax's chain (so `state[0]` is the same part), named after their classes
 (`state.scale_by_adam.mu`). Every part is a Module whose hyperparameters are
 array leaves, so `print(eqopt.adamw(1e-3))` shows the whole optimiser and
@@ -24,6 +24,7 @@ from ._transform.decay import AddDecayedWeights
 from ._transform.momentum import Trace
 from ._transform.rms import ScaleByRms, ScaleByRss, ScaleByStddev
 from ._transform.trust_ratio import ScaleByTrustRatio
+from ._typecheck import checked
 from ._wrappers.masked import Masked
 
 
@@ -39,6 +40,7 @@ def _momentum(
     return Trace(decay=momentum, nesterov=nesterov, accumulator_dtype=accumulator_dtype)
 
 
+@checked
 def sgd(
     learning_rate: ScalarOrSchedule,
     momentum: ScalarLike | None = None,
@@ -62,7 +64,7 @@ def sgd(
     - `nesterov`: use Nesterov's look-ahead momentum.
     - `accumulator_dtype`: dtype to store the momentum in (default: the params').
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     !!! example
 
@@ -84,6 +86,7 @@ def sgd(
     )
 
 
+@checked
 def adam(
     learning_rate: ScalarOrSchedule,
     b1: ScalarLike = 0.9,
@@ -105,7 +108,7 @@ def adam(
     \end{aligned}
     $$
 
-    The chain is [`eqopt.ScaleByAdam`][], then [`eqopt.ScaleByLearningRate`][].
+    The chain is `eqopt.ScaleByAdam`, then `eqopt.ScaleByLearningRate`.
 
     **Arguments:**
 
@@ -114,12 +117,12 @@ def adam(
     - `eps`: added to the denominator outside the square root.
     - `eps_root`: added inside the square root.
     - `mu_dtype`, `nu_dtype`: dtype to store the first and second moment in
-      (default: the params'), or a [`eqopt.Quantized`][] format: 8-bit or 4-bit
+      (default: the params'), or a `eqopt.Quantized` format: 8-bit or 4-bit
       codes with a scale per block (see the Memory page).
       Optax has no `nu_dtype`.
-    - `nesterov`: use Dozat's Nesterov momentum (this is [`eqopt.nadam`][]).
+    - `nesterov`: use Dozat's Nesterov momentum (this is `eqopt.nadam`).
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Kingma & Ba, *Adam: A Method for Stochastic Optimization*,
     ICLR 2015.
@@ -138,6 +141,7 @@ def adam(
     )
 
 
+@checked
 def nadam(
     learning_rate: ScalarOrSchedule,
     b1: ScalarLike = 0.9,
@@ -156,12 +160,12 @@ def nadam(
                        {\sqrt{\hat v_t + \epsilon_{\text{root}}} + \epsilon}
     $$
 
-    with $m_t$, $\hat v_t$ as in [`eqopt.adam`][]. This is `adam(...,
+    with $m_t$, $\hat v_t$ as in `eqopt.adam`. This is `adam(...,
     nesterov=True)`.
 
-    **Arguments:** as [`eqopt.adam`][].
+    **Arguments:** as `eqopt.adam`.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Dozat, *Incorporating Nesterov Momentum into Adam*, ICLR
     2016 workshop.
@@ -178,6 +182,7 @@ def nadam(
     )
 
 
+@checked
 def adamw(
     learning_rate: ScalarOrSchedule,
     b1: ScalarLike = 0.9,
@@ -199,8 +204,8 @@ def adamw(
     $$
 
     with $\hat m_t, \hat v_t$ Adam's bias-corrected moments. The chain is
-    [`eqopt.ScaleByAdam`][], [`eqopt.AddDecayedWeights`][],
-    [`eqopt.ScaleByLearningRate`][]; `update` needs `params`.
+    `eqopt.ScaleByAdam`, `eqopt.AddDecayedWeights`,
+    `eqopt.ScaleByLearningRate`; `update` needs `params`.
 
     `mask` selects the parameters to decay with an Equinox filter spec: a bool,
     a per-leaf predicate such as `lambda x: x.ndim > 1` (decay matrices, not
@@ -212,12 +217,12 @@ def adamw(
     **Arguments:**
 
     - `learning_rate`: $\eta$, a number or a schedule of the step count.
-    - `b1`, `b2`, `eps`, `eps_root`, `mu_dtype`, `nu_dtype`: as [`eqopt.adam`][].
+    - `b1`, `b2`, `eps`, `eps_root`, `mu_dtype`, `nu_dtype`: as `eqopt.adam`.
     - `weight_decay`: $\lambda$, a number or a schedule.
     - `mask`: the filter spec of the leaves to decay (default: all).
-    - `nesterov`: use Nesterov momentum (this is [`eqopt.nadamw`][]).
+    - `nesterov`: use Nesterov momentum (this is `eqopt.nadamw`).
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     !!! example
 
@@ -251,6 +256,7 @@ def adamw(
     )
 
 
+@checked
 def nadamw(
     learning_rate: ScalarOrSchedule,
     b1: ScalarLike = 0.9,
@@ -273,11 +279,11 @@ def nadamw(
     $$
 
     This is `adamw(..., nesterov=True)`; `mask` is a filter spec as in
-    [`eqopt.adamw`][].
+    `eqopt.adamw`.
 
-    **Arguments:** as [`eqopt.adamw`][].
+    **Arguments:** as `eqopt.adamw`.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Dozat, *Incorporating Nesterov Momentum into Adam*, ICLR
     2016 workshop; Loshchilov & Hutter, *Decoupled Weight Decay
@@ -297,6 +303,7 @@ def nadamw(
     )
 
 
+@checked
 def amsgrad(
     learning_rate: ScalarOrSchedule,
     b1: ScalarLike = 0.9,
@@ -314,16 +321,16 @@ def amsgrad(
     u_t = -\eta_t\, \frac{\hat m_t}{\sqrt{\hat v^{\max}_t + \epsilon_{\text{root}}} + \epsilon}
     $$
 
-    The chain is [`eqopt.ScaleByAmsgrad`][], then [`eqopt.ScaleByLearningRate`][].
+    The chain is `eqopt.ScaleByAmsgrad`, then `eqopt.ScaleByLearningRate`.
 
     **Arguments:**
 
     - `learning_rate`: $\eta$, a number or a schedule of the step count.
-    - `b1`, `b2`, `eps`, `eps_root`, `mu_dtype`: as [`eqopt.adam`][].
+    - `b1`, `b2`, `eps`, `eps_root`, `mu_dtype`: as `eqopt.adam`.
     - `bias_correction_mu`, `bias_correction_nu`: divide $m_t$, $v_t$ by
       $1 - \beta^t$ (default); `False` for both is the paper's algorithm.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Reddi, Kale & Kumar, *On the Convergence of Adam and Beyond*,
     ICLR 2018.
@@ -342,6 +349,7 @@ def amsgrad(
     )
 
 
+@checked
 def adamax(
     learning_rate: ScalarOrSchedule,
     b1: ScalarLike = 0.9,
@@ -356,7 +364,7 @@ def adamax(
     u_t = -\eta_t\, \frac{m_t}{(1 - \beta_1^t)\, s_t}
     $$
 
-    The chain is [`eqopt.ScaleByAdamax`][], then [`eqopt.ScaleByLearningRate`][].
+    The chain is `eqopt.ScaleByAdamax`, then `eqopt.ScaleByLearningRate`.
 
     **Arguments:**
 
@@ -364,7 +372,7 @@ def adamax(
     - `b1`, `b2`: the decay rates.
     - `eps`: added to $|g|$.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Kingma & Ba, *Adam: A Method for Stochastic Optimization*,
     ICLR 2015, §7.1.
@@ -375,6 +383,7 @@ def adamax(
     )
 
 
+@checked
 def adamaxw(
     learning_rate: ScalarOrSchedule,
     b1: ScalarLike = 0.9,
@@ -387,16 +396,16 @@ def adamaxw(
 
     $$ u_t = -\eta_t \left( \frac{m_t}{(1 - \beta_1^t)\, s_t} + \lambda\, \theta_{t-1} \right) $$
 
-    with $m_t$, $s_t$ as in [`eqopt.adamax`][]. `mask` is an Equinox filter spec
-    as in [`eqopt.adamw`][] (a callable is a per-leaf predicate).
+    with $m_t$, $s_t$ as in `eqopt.adamax`. `mask` is an Equinox filter spec
+    as in `eqopt.adamw` (a callable is a per-leaf predicate).
 
     **Arguments:**
 
-    - `learning_rate`, `b1`, `b2`, `eps`: as [`eqopt.adamax`][].
+    - `learning_rate`, `b1`, `b2`, `eps`: as `eqopt.adamax`.
     - `weight_decay`: $\lambda$, a number or a schedule.
     - `mask`: the filter spec of the leaves to decay (default: all).
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Kingma & Ba, ICLR 2015, §7.1; Loshchilov & Hutter,
     *Decoupled Weight Decay Regularization*, ICLR 2019.
@@ -408,6 +417,7 @@ def adamaxw(
     )
 
 
+@checked
 def rmsprop(
     learning_rate: ScalarOrSchedule,
     decay: ScalarLike = 0.9,
@@ -431,10 +441,10 @@ def rmsprop(
     `centered=True` divides by a running standard deviation instead,
     $\sqrt{v_t - |m_t|^2 + \epsilon}$ with $m_t$ the running mean (Graves, 2013).
     With `momentum`, the scaled step then goes through (Nesterov) momentum, as in
-    [`eqopt.sgd`][]. `eps_in_sqrt=False` puts $\epsilon$ outside the root, as
-    PyTorch does. The chain is [`eqopt.ScaleByRms`][] (or
-    [`eqopt.ScaleByStddev`][]), [`eqopt.ScaleByLearningRate`][], then
-    [`eqopt.Trace`][] or [`eqopt.Identity`][].
+    `eqopt.sgd`. `eps_in_sqrt=False` puts $\epsilon$ outside the root, as
+    PyTorch does. The chain is `eqopt.ScaleByRms` (or
+    `eqopt.ScaleByStddev`), `eqopt.ScaleByLearningRate`, then
+    `eqopt.Trace` or `eqopt.Identity`.
 
     **Arguments:**
 
@@ -447,10 +457,10 @@ def rmsprop(
     - `momentum`: momentum decay, or `None`.
     - `nesterov`: Nesterov momentum.
     - `bias_correction`: divide the moments by $1 - \rho^t$.
-    - `nu_dtype`: dtype or [`eqopt.Quantized`][] format to store $v$ in
+    - `nu_dtype`: dtype or `eqopt.Quantized` format to store $v$ in
       (uncentred only; Optax has no such option).
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     !!! example
 
@@ -484,6 +494,7 @@ def rmsprop(
     )
 
 
+@checked
 def adagrad(
     learning_rate: ScalarOrSchedule,
     initial_accumulator_value: ScalarLike = 0.1,
@@ -496,8 +507,8 @@ def adagrad(
     $$
 
     The effective step only shrinks, so Adagrad suits sparse or convex problems
-    better than long non-convex training. The chain is [`eqopt.ScaleByRss`][],
-    then [`eqopt.ScaleByLearningRate`][].
+    better than long non-convex training. The chain is `eqopt.ScaleByRss`,
+    then `eqopt.ScaleByLearningRate`.
 
     **Arguments:**
 
@@ -505,7 +516,7 @@ def adagrad(
     - `initial_accumulator_value`: $s_0 \ge 0$.
     - `eps`: $\epsilon$.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     !!! example
 
@@ -525,6 +536,7 @@ def adagrad(
     )
 
 
+@checked
 def lars(
     learning_rate: ScalarOrSchedule,
     weight_decay: ScalarOrSchedule = 0.0,
@@ -544,9 +556,9 @@ def lars(
     $$
 
     per leaf (the ratio is 1 where a norm is zero; with `nesterov`, $u_t = -\eta_t
-    c\,(\dots) + \mu\, m_t$). The chain is [`eqopt.AddDecayedWeights`][],
-    [`eqopt.Masked`][] [`eqopt.ScaleByTrustRatio`][],
-    [`eqopt.ScaleByLearningRate`][], [`eqopt.Trace`][]; `update` needs
+    c\,(\dots) + \mu\, m_t$). The chain is `eqopt.AddDecayedWeights`,
+    `eqopt.Masked` `eqopt.ScaleByTrustRatio`,
+    `eqopt.ScaleByLearningRate`, `eqopt.Trace`; `update` needs
     `params`.
 
     `weight_decay_mask` and `trust_ratio_mask` are Equinox filter specs (a
@@ -568,7 +580,7 @@ def lars(
     - `momentum`: $\mu$.
     - `nesterov`: use Nesterov momentum.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** You, Gitman & Ginsburg, *Large Batch Training of
     Convolutional Networks*, arXiv:1708.03888, 2017.

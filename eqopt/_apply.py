@@ -5,10 +5,13 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import ArrayLike
 
-from ._base import Params, Updates, check_updates
+from ._base import Params, Updates
+from ._checks import check_updates
 from ._leaves import drop_float0, is_none, is_trainable
+from ._typecheck import checked
 
 
+@checked
 def apply_updates(params: Params, updates: Updates) -> Params:
     r"""Adds the updates to the parameters.
 
@@ -40,6 +43,7 @@ def apply_updates(params: Params, updates: Updates) -> Params:
     return jax.tree.map(add, updates, params, is_leaf=is_none)
 
 
+@checked
 def incremental_update(
     new_tensors: Params, old_tensors: Params, step_size: ArrayLike
 ) -> Params:
@@ -73,6 +77,7 @@ def incremental_update(
     return jax.tree.map(mix, new_tensors, old_tensors)
 
 
+@checked
 def periodic_update(
     new_tensors: Params,
     old_tensors: Params,

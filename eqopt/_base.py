@@ -1,154 +1,27 @@
-"""The gradient-transformation protocol, its empty state and the shared input checks."""
+"""The gradient-transformation protocol: the interface every transform follows, and its empty state."""
 
 import abc
-import functools
-import threading
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, no_type_check
 
 import equinox as eqx
 import jax
 import jax.core
-import jax.numpy as jnp
 import numpy as np
 
-from ._fused._pack import (
-    _layout_of,
-    contains_packed,
-    repack_like,
-    unpack_all,
-    worth_bucketing,
-)
-from ._hyper import check_fields, weak_hyperparameters
+from ._entry import init_entry, update_entry
+from ._hyper import check_fields
 from ._leaves import (
     InexactTree as InexactTree,
     OptState as OptState,
     Params as Params,
     Updates as Updates,
-    drop_float0,
-    first_non_inexact,
     is_none as is_none,
-    is_state_leaf,
     is_trainable as is_trainable,
-    outside_eqopt,
     path_str as path_str,
 )
-from ._quantize import (
-    DECODING,
-    call_dequantized,
-    is_quantized,
-    is_quantized_format,
-    moment_like,
-)
 from ._signatures import accepts_extra_args
-from ._structure import structure_mismatch_message as structure_mismatch_message
-
-# ---------------------------------------------------------------------------
-# Path-aware checks
-# ---------------------------------------------------------------------------
-
-
-@no_type_check
-def _paths(tree: Any) -> list[str]:
-    leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_none)[0]
-    return [path_str(path) for path, _ in leaves]
-
-
-def _describe(x: Any) -> str:
-    if x is None:
-        return "None"
-    if eqx.is_array(x):
-        return f"{x.dtype}{list(x.shape)}"
-    return type(x).__name__
-
-
-def check_updates(
-    updates: Any,
-    reference: Any,
-    *,
-    name: str = "updates",
-    reference_name: str = "params",
-) -> None:
-    """Checks `updates` against the params (or a moment tree shaped like them).
-
-    Runs at trace time. Raises one `ValueError` naming the path of the first
-    offending leaf: a different tree structure, an update that is not an array
-    or `None`, an update for a leaf that is not trainable, a different shape,
-    or a complex update for a real parameter.
-    """
-    leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
-    reference_leaves, reference_treedef = jax.tree.flatten(reference, is_leaf=is_none)
-    if treedef != reference_treedef and contains_packed(updates) != contains_packed(
-        reference
-    ):
-        packed, plain = (
-            (name, reference_name)
-            if contains_packed(updates)
-            else (reference_name, name)
-        )
-        raise ValueError(
-            f"`{packed}` is packed (`eqopt.pack`) but `{plain}` is not: pass the packed "
-            "model wherever its packed gradients go, or unpack both."
-        )
-    if treedef != reference_treedef:
-        raise ValueError(
-            structure_mismatch_message(updates, reference, name, reference_name)
-        )
-    for index, (update, ref) in enumerate(zip(leaves, reference_leaves, strict=False)):
-        if update is None:
-            continue
-        problem = None
-        if not eqx.is_array(update):
-            problem = f"is a {type(update).__name__}, expected a JAX array or None"
-        elif not is_trainable(ref):
-            problem = (
-                f"is an array but the `{reference_name}` leaf there is "
-                f"{_describe(ref)}, which is not trainable (not an inexact array)"
-            )
-        elif update.shape != ref.shape:
-            problem = (
-                f"has shape {tuple(update.shape)} but the `{reference_name}` leaf has "
-                f"shape {tuple(ref.shape)}"
-            )
-        elif jnp.iscomplexobj(update) and not jnp.iscomplexobj(ref):
-            problem = (
-                f"is complex ({update.dtype}) but the `{reference_name}` leaf is real "
-                f"({ref.dtype})"
-            )
-        if problem is not None:
-            path = _paths(updates)[index]
-            raise ValueError(f"`{name}` at {path} {problem}.")
-
-
-@no_type_check
-def check_structure(updates: Any, params: Any) -> None:
-    """The input check every `update` runs first: `updates` has the structure of `params`.
-
-    Run by `AbstractGradientTransformation` before an `update` method's body, so
-    no wrapper maps over `updates` and `params` together before they are known
-    to match. Cheap (two flattens, at trace time); on a mismatch it raises
-    `check_updates`'s error, naming the first place where the trees differ.
-    Shapes are left to the transforms (a per-example transform's updates have a
-    batch axis). Nothing to check when `params` is `None`, nor when one of the
-    trees is packed and the other not (see `_unpacking_update`). When `updates`
-    is not a tree of inexact arrays (a state passed as `updates`, say), the type
-    check of `updates` says what is wrong instead, which is more to the point.
-    """
-    if params is None:
-        return
-    if jax.tree.structure(updates, is_leaf=is_none) == jax.tree.structure(
-        params, is_leaf=is_none
-    ):
-        return
-    if first_non_inexact(updates) is not None:
-        return
-    if contains_packed(updates) != contains_packed(params):
-        # Packed updates for unpacked params (or the reverse): the transforms that
-        # take them unpack them; the others are given unpacked trees.
-        return
-    check_updates(updates, params)
-
+from ._typecheck import checked
 
 # ---------------------------------------------------------------------------
 # The protocol
@@ -175,130 +48,6 @@ def _readable(x: Any) -> Any:
 def pretty(module: eqx.Module) -> str:
     """Pretty-prints a Module with its scalar hyperparameters shown by value."""
     return eqx.tree_pformat(jax.tree.map(_readable, module))
-
-
-class PerformanceHint(UserWarning):
-    """A warning that the step would run faster another way, with the way.
-
-    Given once per process, by the outermost `init` of a default-path
-    optimiser whose params have many small trainable leaves (see the
-    Performance page, "When to use which"). Silence it with
-    `warnings.filterwarnings("ignore", category=eqopt.PerformanceHint)`.
-    """
-
-
-#: The hint needs at least this many trainable leaves (besides `bucketed`'s own
-#: rule): the whole-step gain was measured on hundreds of small leaves (200
-#: residual layers, 400 leaves: 0.42-0.81 of Optax's step bucketed), and a
-#: model of a few dozen gains too little to be worth a warning.
-HINT_MIN_LEAVES = 128
-
-
-class _InitDepth(threading.local):
-    depth = 0
-    hinted = False
-
-
-_INIT = _InitDepth()
-
-
-def _hint_bucketing(transform: Any, params: Any) -> None:
-    """The default path's automatic choice: per leaf, or a hint to bucket or pack.
-
-    The default path keeps its state shaped like the model (Optax-ported code
-    reads `state[0].mu` as params-shaped), so it does not switch layouts
-    behind the user's back; on params where `eqopt.bucketed` would choose to
-    bucket, it says so once.
-    """
-    if _INIT.hinted or not getattr(transform, "advises_bucketing", True):
-        return
-    # Only an optimiser that runs on the buffers throughout; one with a per-leaf
-    # part that unpacks (per-leaf norms, a freeze) would pay an unpacking and
-    # repacking every step.
-    if not getattr(transform, "runs_on_buffers", False):
-        return
-    if contains_packed(params):
-        return
-    layout = _layout_of(jax.tree.leaves(params))
-    if len(layout.slots) < HINT_MIN_LEAVES or not worth_bucketing(layout):
-        return
-    _INIT.hinted = True
-    n_leaves = len(layout.slots)
-    mean = sum(layout.sizes()) / n_leaves
-    warnings.warn(
-        f"These params have {n_leaves} trainable leaves of {mean:.0f} elements "
-        "on average: per-leaf overhead dominates this optimiser's step. "
-        "`opt = eqopt.bucketed(opt)` keeps the state in one buffer per dtype "
-        "(same numbers, state read with `state.unpacked()`), and `eqopt.pack(model)` "
-        "packs the params too; see the Performance page. (Given once; silence "
-        "it with `warnings.filterwarnings('ignore', category=eqopt.PerformanceHint)`.)",
-        PerformanceHint,
-        stacklevel=outside_eqopt(),
-    )
-
-
-@no_type_check
-def _unpacking_init(method: Callable) -> Callable:
-    @functools.wraps(method)
-    def init(self, params):
-        self = weak_hyperparameters(self)
-        if _INIT.depth == 0:
-            _hint_bucketing(self, params)
-        _INIT.depth += 1
-        try:
-            if not (self.handles_packed or self.runs_on_buffers) and contains_packed(
-                params
-            ):
-                return method(self, unpack_all(params))
-            return method(self, params)
-        finally:
-            _INIT.depth -= 1
-
-    return init
-
-
-@no_type_check
-def _unpacking_update(method: Callable) -> Callable:
-    @functools.wraps(method)
-    def update(self, updates, state, params=None, **extra_args):
-        # Hyperparameters are weak here, also strongly-typed or NumPy ones.
-        self = weak_hyperparameters(self)
-        # `float0` gradients (integer leaves under `jax.grad(allow_int=True)`) mean
-        # "no gradient": the same as `None`.
-        updates = drop_float0(updates)
-        if self.params_like_updates:
-            check_structure(updates, params)
-        if not (self.handles_packed or self.runs_on_buffers) and contains_packed(
-            updates, params
-        ):
-            reference = updates if contains_packed(updates) else params
-            quantized = [
-                x
-                for x in jax.tree.leaves(state, is_leaf=is_quantized)
-                if is_quantized(x)
-            ]
-            # 4-bit codes pair elements two to a byte: see `unpack_all`.
-            static = any(x.bits == 4 for x in quantized)
-            unpacked = unpack_all(updates, static)
-            outer, DECODING.on_unpacked_leaves = DECODING.on_unpacked_leaves, True
-            try:
-                new_updates, state = method(
-                    self, unpacked, state, unpack_all(params, static), **extra_args
-                )
-            finally:
-                DECODING.on_unpacked_leaves = outer
-            # Repack what is shaped like the updates (a measurement, say, is not).
-            if jax.tree.structure(new_updates, is_leaf=is_none) != jax.tree.structure(
-                unpacked, is_leaf=is_none
-            ):
-                return new_updates, state
-            # Quantised moments make each leaf's update a long expression
-            # (decoding, Adam's arithmetic): concatenated, it was fused into one
-            # pass over the buffer behind a branch per leaf (see `_assemble`).
-            return repack_like(reference, new_updates, bool(quantized)), state
-        return method(self, updates, state, params, **extra_args)
-
-    return update
 
 
 class AbstractGradientTransformation(eqx.Module):
@@ -329,29 +78,49 @@ class AbstractGradientTransformation(eqx.Module):
     `eqx.filter_jit` their array leaves stay dynamic as for any Module.
     """
 
-    #: Whether `init`/`update` take packed params ([`eqopt.pack`][]) as they are.
-    #: Otherwise a transform that is not elementwise sees the unpacked model,
-    #: so per-leaf computations stay per leaf. Combinators that only pass the
-    #: trees on to their parts set this.
+    # -- Capabilities -------------------------------------------------------
+    # What callers may ask of any transform, read directly (never probed with
+    # `getattr`). Each says its default and who reads it; the table in
+    # `docs/development.md` ("Capabilities") lists them all.
+
+    #: Whether `init`/`update` take packed params (`eqopt.pack`) as they are.
+    #: Otherwise a transform that does not run on buffers sees the unpacked
+    #: model, so per-leaf computations stay per leaf. Combinators that only pass
+    #: the trees on to their parts set this. Default `False`; read by the
+    #: entries' packed adapter (`eqopt/_entry.py`).
     handles_packed: ClassVar[bool] = False
 
     #: Whether `update`'s `params` have the structure of its `updates`, as they do
-    #: for every transform but [`eqopt.lookahead`][] (whose params pair the fast
-    #: and slow weights). Then every `update` checks this first, with one short
-    #: error naming the first place where the two trees differ.
+    #: for every transform but `eqopt.lookahead` (whose params pair the fast
+    #: and slow weights) and a few that take other params. Then every `update`
+    #: checks this first, with one short error naming the first place where the
+    #: two trees differ. Default `True`; read by the `update` entry.
     params_like_updates: ClassVar[bool] = True
 
-    #: Whether the outermost `init` may give a [`eqopt.PerformanceHint`][] that
-    #: many small leaves would run faster bucketed ([`eqopt.bucketed`][] says no).
+    #: Whether the outermost `init` may give a `eqopt.PerformanceHint` that
+    #: many small leaves would run faster bucketed (`eqopt.bucketed` says
+    #: no). Default `True`; read by the `init` entry.
     advises_bucketing: ClassVar[bool] = True
 
-    @no_type_check
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        for name, wrap in (("init", _unpacking_init), ("update", _unpacking_update)):
-            method = cls.__dict__.get(name)
-            if callable(method) and not getattr(method, "__isabstractmethod__", False):
-                setattr(cls, name, wrap(method))
+    #: Whether this transform freezes leaves for the transforms after it in a
+    #: chain (`eqopt.Freeze`, and a chain holding one). Default `False`;
+    #: read by `eqopt.Chain`.
+    freezes: ClassVar[bool] = False
+
+    #: Whether `update` takes per-example updates (a leading batch axis on
+    #: every leaf, as DP-SGD's aggregation does), so its updates are not shaped
+    #: like the params. Default `False`; read by `eqopt.Chain`, whose first
+    #: part decides.
+    per_example_updates: ClassVar[bool] = False
+
+    def frozen_selection(self, tree: Any) -> Any | None:
+        """The leaves this transform freezes for the parts after it, or `None`.
+
+        A tree of bools shaped like `tree` (the params, or the updates without
+        params) where `freezes` holds; `None` (the default) when nothing is frozen. Read by
+        `eqopt.Chain`.
+        """
+        return None
 
     def __check_init__(self):
         check_fields(self)
@@ -374,6 +143,10 @@ class AbstractGradientTransformation(eqx.Module):
     def elementwise(self) -> bool:
         """Whether the update is the same on separate leaves and on their concatenation.
 
+        No default: every transform says. Read by `runs_on_buffers` (its
+        default), by combinators (a chain is elementwise when its parts are)
+        and by `eqopt.bucketed`.
+
         Transforms that reduce over a leaf (per-leaf norms, factored moments,
         orthogonalisation) are not elementwise; reductions over the whole tree
         (global-norm clipping) do not break the property.
@@ -383,12 +156,16 @@ class AbstractGradientTransformation(eqx.Module):
     def runs_on_buffers(self) -> bool:
         """Whether the whole update runs on packed buffers, without unpacking.
 
+        Default: `elementwise`.
+        Read by the entries' packed adapter, `eqopt.bucketed`, the
+        `init` entry's performance hint and the wrappers that pass it on.
+
         True for elementwise transforms, and for those that do their per-leaf
         part on the buffers themselves: a weight-decay mask selects segments of
-        a buffer ([`eqopt.AddDecayedWeights`][]), and a quantised moment of a
-        buffer is one quantised array ([`eqopt.Quantized`][]'s
+        a buffer (`eqopt.AddDecayedWeights`), and a quantised moment of a
+        buffer is one quantised array (`eqopt.Quantized`'s
         `packed_blocks`). Otherwise a packed model is unpacked for the
-        transform. [`eqopt.bucketed`][] buckets, and the default path hints
+        transform. `eqopt.bucketed` buckets, and the default path hints
         to, only where this holds.
         """
         return self.elementwise
@@ -443,6 +220,7 @@ class _EmptyStateMeta(type(eqx.Module)):
         return super().__instancecheck__(obj)
 
 
+@checked
 class EmptyState(eqx.Module, metaclass=_EmptyStateMeta):
     """The state of a stateless transform.
 
@@ -467,6 +245,7 @@ class _AnyTransformMeta(type(eqx.Module)):
 _MISSING: Any = object()
 
 
+@checked
 class GradientTransformation(
     AbstractGradientTransformation, metaclass=_AnyTransformMeta
 ):
@@ -514,9 +293,11 @@ class GradientTransformation(
         self.update_fn = _one_of("update", update, "update_fn", update_fn)
         self.forwards_extra_args = accepts_extra_args(self.update_fn)
 
+    @init_entry
     def init(self, params: Params) -> OptState:
         return self.init_fn(params)
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -546,128 +327,5 @@ def _one_of(name: str, value: Any, old_name: str, old_value: Any) -> Callable:
 
 
 #: Optax's name for a transformation whose update accepts extra arguments. Every
-#: eqopt transform does, so it is [`eqopt.GradientTransformation`][] itself.
+#: eqopt transform does, so it is `eqopt.GradientTransformation` itself.
 GradientTransformationExtraArgs = GradientTransformation
-
-
-# ---------------------------------------------------------------------------
-# Leafwise helpers used by the transforms
-# ---------------------------------------------------------------------------
-
-
-def require_params(
-    params: Any, name: str, call: str = "update(updates, state, params)"
-) -> None:
-    """Raises the one `ValueError` of transforms that need `params` and got none."""
-    if params is None:
-        raise ValueError(f"{name} needs `params`: call `{call}`.")
-
-
-def zeros_like_trainable(params: Params, dtype: Any = None) -> Updates:
-    """A tree shaped like `params`: zeros at trainable leaves, `None` elsewhere.
-
-    `dtype` may be a [`eqopt.Quantized`][] format: the zeros are then a signed
-    (first) moment stored in it.
-    """
-    if is_quantized_format(dtype):
-        return moment_like(params, dtype)
-
-    def zeros(p):
-        if not is_trainable(p):
-            return None
-        return jnp.zeros_like(p, dtype=dtype if dtype is not None else p.dtype)
-
-    return jax.tree.map(zeros, params)
-
-
-def full_like_trainable_real(params: Params, value: Any) -> Updates:
-    """A tree shaped like `params`: `value` at trainable leaves, `None` elsewhere.
-
-    The arrays are real, in the real dtype of each parameter (`float32` for a
-    `complex64` parameter): they hold squared moduli.
-    """
-
-    def full(p):
-        if not is_trainable(p):
-            return None
-        # `full_like` keeps the parameter's sharding; `full(p.shape, ...)` would not.
-        return jnp.full_like(p, value, dtype=jnp.finfo(p.dtype).dtype)
-
-    return jax.tree.map(full, params)
-
-
-@no_type_check
-def leafwise(
-    fn: Callable,
-    updates: Updates,
-    *trees: Any,
-    n_out: int | None = None,
-    elementwise: bool = False,
-) -> Any:
-    """Maps `fn` over the leaves of `updates` and trees shaped like it.
-
-    Where an update is `None`, `fn` is not called: the output is `None` (or, when
-    `fn` returns a tuple of `n_out` values, `None` followed by the corresponding
-    inputs from `trees` unchanged, so moments of untouched leaves are kept).
-
-    With `elementwise` (`fn` acts on each element alone), quantised moments
-    may be computed in their rows of blocks (`call_dequantized`).
-
-    Returns a tree, or with `n_out` a tuple of `n_out` trees.
-    """
-    leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
-    others = []
-    for tree in trees:
-        other_leaves, other_treedef = jax.tree.flatten(tree, is_leaf=is_state_leaf)
-        if other_treedef != treedef:
-            raise ValueError(
-                structure_mismatch_message(updates, tree, "updates", "state")
-            )
-        others.append(other_leaves)
-    for index, (u, *rest) in enumerate(zip(leaves, *others, strict=False)):
-        if u is None:
-            continue
-        for other in rest:
-            if (eqx.is_array(other) or is_quantized(other)) and tuple(
-                other.shape
-            ) != tuple(u.shape):
-                path = _paths(updates)[index]
-                raise ValueError(
-                    f"`updates` at {path} has shape {tuple(u.shape)} but the state (or "
-                    f"params) there has shape {tuple(other.shape)}: was the state made "
-                    "for other params?"
-                )
-
-    @no_type_check
-    def call(index: int, u: Any, rest: list) -> Any:
-        try:
-            # A quantised moment is dequantised for `fn` and its result re-quantised.
-            return call_dequantized(fn, u, rest, elementwise)
-        except (TypeError, AttributeError) as error:
-            # A `None` where the update is an array: `init` saw a leaf that is not
-            # trainable. (A transform may keep `None` on purpose and handle it, so
-            # only a failure is reported.)
-            if not any(other is None for other in rest):
-                raise
-            raise ValueError(
-                f"`updates` at {_paths(updates)[index]} is an array but the state "
-                "(or params) holds nothing there: `init` saw a leaf that is not "
-                "trainable (not an inexact array). Give that leaf no gradient "
-                "(`None`), or make it an array before `init`."
-            ) from error
-
-    if n_out is None:
-        out = [
-            None if u is None else call(index, u, rest)
-            for index, (u, *rest) in enumerate(zip(leaves, *others, strict=False))
-        ]
-        return jax.tree.unflatten(treedef, out)
-    outs = []
-    for index, (u, *rest) in enumerate(zip(leaves, *others, strict=False)):
-        if u is None:
-            outs.append((None, *rest[: n_out - 1]))
-        else:
-            outs.append(call(index, u, rest))
-    return tuple(
-        jax.tree.unflatten(treedef, [o[i] for o in outs]) for i in range(n_out)
-    )

@@ -16,11 +16,11 @@ from ._base import (
     OptState,
     Params,
     Updates,
-    check_updates,
     is_none,
     is_trainable,
     path_str,
 )
+from ._entry import init_entry, update_entry
 from ._filters import (
     NOT_A_VALUE,
     call_per_leaf,
@@ -34,6 +34,7 @@ from ._filters import (
     warn_if_selects_nothing,
 )
 from ._interop import as_transform
+from ._typecheck import checked
 
 
 def _snake_case(name: str) -> str:
@@ -87,6 +88,7 @@ class _AbstractNamedTuple(eqx.Module):
         return len(self._parts())
 
 
+@checked
 class ChainState(_AbstractNamedTuple):
     """The state of a `Chain`: the parts' states in order.
 
@@ -107,6 +109,7 @@ class ChainState(_AbstractNamedTuple):
         return iter(self.states)
 
 
+@checked
 class Chain(_AbstractNamedTuple, AbstractGradientTransformation):
     r"""Applies transforms one after the other.
 
@@ -164,22 +167,20 @@ class Chain(_AbstractNamedTuple, AbstractGradientTransformation):
         return all(t.runs_on_buffers for t in self.transforms)
 
     @property
-    def freezes(self) -> bool:
+    def freezes(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
         """Whether a part of this chain, or of a chain nested in it, freezes leaves."""
-        return any(_freezes(t) for t in self.transforms)
+        return any(t.freezes for t in self.transforms)
 
     @property
-    def per_example_updates(self) -> bool:
+    def per_example_updates(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
         """Whether the chain takes per-example updates (its first part does)."""
-        return bool(
-            self.transforms
-            and getattr(self.transforms[0], "per_example_updates", False)
-        )
+        return bool(self.transforms) and self.transforms[0].per_example_updates
 
     def frozen_selection(self, tree: Any) -> Any | None:
-        """The leaves a part of this chain freezes (see [`eqopt.Freeze`][]), or `None`."""
+        """The leaves a part of this chain freezes (see `eqopt.Freeze`), or `None`."""
         return _union(*(_frozen_by(t, tree) for t in self.transforms))
 
+    @init_entry
     def init(self, params: Params) -> ChainState:
         states, frozen = [], None
         for transform in self.transforms:
@@ -187,6 +188,7 @@ class Chain(_AbstractNamedTuple, AbstractGradientTransformation):
             frozen = _union(frozen, _frozen_by(transform, params))
         return ChainState(tuple(states), self.names)
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -200,11 +202,6 @@ class Chain(_AbstractNamedTuple, AbstractGradientTransformation):
                 f"{list(self.names)} but `state` has {len(state.states)} "
                 f"{list(state.names)}: pass the state made by this transform's `init`."
             )
-        # A chain that starts by aggregating per-example gradients (DP-SGD) gets
-        # updates with a batch axis; its first part checks them instead.
-        per_example = self.per_example_updates
-        if params is not None and not per_example:
-            check_updates(updates, params)
         reference = updates if params is None else params
         gradients, frozen = updates, None
         new_states = []
@@ -230,17 +227,11 @@ class Chain(_AbstractNamedTuple, AbstractGradientTransformation):
         return updates, ChainState(tuple(new_states), self.names)
 
 
-def _freezes(transform: Any) -> bool:
-    # `Freeze` says so; a chain asks its parts.
-    return bool(getattr(transform, "freezes", False))
-
-
-def _frozen_by(transform: Any, tree: Any) -> Any | None:
+def _frozen_by(transform: AbstractGradientTransformation, tree: Any) -> Any | None:
     # Only `Freeze` and chains holding one freeze leaves for the parts after them.
-    frozen_selection = getattr(transform, "frozen_selection", None)
-    if frozen_selection is None or tree is None:
+    if tree is None or not transform.freezes:
         return None
-    return frozen_selection(tree)
+    return transform.frozen_selection(tree)
 
 
 def _union(*selections: Any) -> Any | None:
@@ -262,13 +253,15 @@ def _drop(tree: Any, frozen: Any | None) -> Any:
     )
 
 
+@checked
 def chain(*args: Any) -> Chain:
-    """Optax spelling of [`eqopt.Chain`][]: applies transforms one after the other."""
+    """Optax spelling of `eqopt.Chain`: applies transforms one after the other."""
     return Chain(*args)
 
 
+@checked
 def named_chain(*args: tuple[str, Any]) -> Chain:
-    """Optax spelling: a [`eqopt.Chain`][] whose parts have the given names.
+    """Optax spelling: a `eqopt.Chain` whose parts have the given names.
 
     **Arguments:**
 
@@ -287,6 +280,7 @@ def named_chain(*args: tuple[str, Any]) -> Chain:
 ParamLabels: TypeAlias = PyTree[Hashable | Callable[[Any], Hashable]]
 
 
+@checked
 class PartitionState(eqx.Module):
     """The state of a `Partition`: one inner state per group, keyed by label."""
 
@@ -411,6 +405,7 @@ def _group_mask(labels: Any, label: Hashable) -> Any:
     return jax.tree.map(lambda x: x == label, labels, is_leaf=is_none)
 
 
+@checked
 class Partition(AbstractGradientTransformation):
     """Applies a different transform to each group of parameters.
 
@@ -466,6 +461,7 @@ class Partition(AbstractGradientTransformation):
     def _labels(self, params: Params) -> Any:
         return _resolve_labels(self.param_labels, params, list(self.transforms))
 
+    @init_entry
     def init(self, params: Params) -> PartitionState:
         labels = self._labels(params)
         inner_states = {}
@@ -485,6 +481,7 @@ class Partition(AbstractGradientTransformation):
             inner_states[label] = transform.init(keep_selected(params, mask))
         return PartitionState(inner_states)
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -519,13 +516,14 @@ class Partition(AbstractGradientTransformation):
         return new_updates, PartitionState(inner_states)
 
 
+@checked
 def partition(
     transforms: Mapping[Hashable, Any],
     param_labels: ParamLabels,
     *,
     mask_compatible_extra_args: bool = False,
 ) -> Partition:
-    """Optax spelling of [`eqopt.Partition`][]: a transform per group of parameters.
+    """Optax spelling of `eqopt.Partition`: a transform per group of parameters.
 
     `mask_compatible_extra_args` is accepted for Optax compatibility: eqopt
     forwards every extra argument to every group unchanged.
@@ -533,11 +531,12 @@ def partition(
     return Partition(transforms=transforms, param_labels=param_labels)
 
 
+@checked
 def multi_transform(
     transforms: Mapping[Hashable, Any],
     param_labels: ParamLabels,
     *,
     mask_compatible_extra_args: bool = False,
 ) -> Partition:
-    """Optax's older name for [`eqopt.partition`][]."""
+    """Optax's older name for `eqopt.partition`."""
     return Partition(transforms=transforms, param_labels=param_labels)

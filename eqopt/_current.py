@@ -11,9 +11,11 @@ from ._base import AbstractGradientTransformation, OptState
 from ._combine import Chain, Partition
 from ._hyper import is_hyperparameter_field, weakly_typed
 from ._scheduled import ScaleByScheduleState
+from ._typecheck import checked
 from ._wrappers.inject import InjectHyperparams, InjectStatefulHyperparams
 
 
+@checked
 def current_hyperparams(
     transform: AbstractGradientTransformation, state: OptState
 ) -> dict[str, Array]:
@@ -21,7 +23,7 @@ def current_hyperparams(
 
     A hyperparameter given as a number is read from the optimiser; one given as
     a schedule is evaluated at the step count kept in `state`; one injected with
-    [`eqopt.inject_hyperparams`][] is read from the state (where a user may have
+    `eqopt.inject_hyperparams` is read from the state (where a user may have
     replaced it), its schedules evaluated at the state's count. This works for any
     optimiser, chain, partition or wrapper, inside `jit` too.
 

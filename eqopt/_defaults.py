@@ -3,7 +3,7 @@
 Optax writes some defaults as transforms (`lbfgs`'s line search, Sophia's
 Hessian estimator). An eqopt transform made at import time would initialise
 JAX's backend and the type checker while `import eqopt` runs; a
-[`DefaultTransform`][eqopt._defaults.DefaultTransform] stands in the signature
+`DefaultTransform` stands in the signature
 instead, shows the call it stands for, and is replaced by a fresh transform
 when the function runs.
 """

@@ -33,6 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int, Real
 
+from ._typecheck import checked
+
 #: What a scalar hyperparameter field holds: a float JAX scalar (weakly typed
 #: when made from a number), or a NumPy 0-d array after `eqopt.on_host`.
 Scalar: TypeAlias = Float[Array | np.ndarray, ""]
@@ -41,7 +43,7 @@ IntScalar: TypeAlias = Int[Array | np.ndarray, ""]
 #: What a scalar hyperparameter accepts: a Python or NumPy number, or a 0-d array.
 ScalarLike: TypeAlias = float | int | Real[ArrayLike, ""]
 #: A schedule: any callable from the step count to a value (an
-#: [`eqopt.schedules.AbstractSchedule`][] or a plain function).
+#: `eqopt.schedules.AbstractSchedule` or a plain function).
 Schedule: TypeAlias = Callable[..., Any]
 #: What a hyperparameter that may be scheduled accepts (Optax's `ScalarOrSchedule`).
 ScalarOrSchedule: TypeAlias = ScalarLike | Schedule
@@ -70,6 +72,7 @@ def _to_scalar(value: Any) -> Any:
     return value
 
 
+@checked
 def on_host(tree: Any) -> Any:
     """`tree` (an optimiser, a schedule) with every concrete JAX array leaf held as
     a NumPy array in host memory, for a step that donates all its arguments.
@@ -88,7 +91,7 @@ def on_host(tree: Any) -> Any:
     an H200, where Adam's five made a small model's step 1.75 times as long;
     `benchmarks/hyperparameter_transfer.py`). Prefer a step that does not donate the optimiser:
     `donate="all-except-first"` with the optimiser as the first argument, or
-    [`eqopt.TrainState`][], whose step returns it. Typed PRNG keys have no host
+    `eqopt.TrainState`, whose step returns it. Typed PRNG keys have no host
     form and are kept.
 
     !!! example
@@ -113,6 +116,7 @@ def on_host(tree: Any) -> Any:
     return jax.tree.map(host, tree)
 
 
+@checked
 def as_scalar(value: ScalarLike) -> Scalar:
     """The field converter of a scalar hyperparameter: a number becomes a scalar leaf.
 
@@ -180,12 +184,13 @@ def as_optional_scalar(value: ScalarLike | None) -> Scalar | None:
     return _to_scalar(value)
 
 
+@checked
 def as_scalar_or_schedule(value: ScalarOrSchedule) -> Scalar | Schedule:
     """The field converter of a hyperparameter that may also be a schedule.
 
-    A number becomes a scalar leaf as with [`eqopt.as_scalar`][]; a schedule (any
+    A number becomes a scalar leaf as with `eqopt.as_scalar`; a schedule (any
     callable of the step count) is kept as it is. Pair it with
-    [`eqopt.init_count_if_scheduled`][] and [`eqopt.current_value`][].
+    `eqopt.init_count_if_scheduled` and `eqopt.current_value`.
     """
     return _to_scalar(value)
 
@@ -200,7 +205,7 @@ def as_optional_scalar_or_schedule(
 def as_int_scalar(value: int | Int[ArrayLike, ""]) -> IntScalar:
     """Field converter for an integer hyperparameter that is a dynamic leaf.
 
-    Like [`eqopt.as_scalar`][], a number becomes a weakly-typed JAX scalar; an
+    Like `eqopt.as_scalar`, a number becomes a weakly-typed JAX scalar; an
     array is kept as it is.
     """
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):

@@ -19,15 +19,18 @@ from ._base import (
     OptState,
     Params,
     Updates,
-    check_updates,
     is_none,
     is_trainable,
 )
+from ._checks import check_updates
+from ._entry import init_entry, update_entry
 from ._signatures import accepts_extra_args
+from ._typecheck import checked
 
 
+@checked
 class FromOptaxState(eqx.Module):
-    """The state of a [`eqopt.FromOptax`][]: the Optax transform's own state.
+    """The state of a `eqopt.FromOptax`: the Optax transform's own state.
 
     `inner_state` is what the Optax transform's `init` returned for the trainable
     leaves of the params (a NamedTuple, a tuple of them...), unchanged.
@@ -43,6 +46,7 @@ def _trainable_part(params: Any) -> Any:
     return eqx.filter(params, is_trainable)
 
 
+@checked
 class FromOptax(AbstractGradientTransformation):
     r"""Runs an Optax gradient transformation inside eqopt, on whole models.
 
@@ -53,7 +57,7 @@ class FromOptax(AbstractGradientTransformation):
     trainable leaves (inexact arrays, with `None` in place of every other leaf,
     which `jax.tree.map` skips), and puts the result back in the model's
     structure. Stateful transforms work: the Optax state is kept, unchanged, in
-    [`eqopt.FromOptaxState`][]. Extra keyword arguments (`value`, `grad`,
+    `eqopt.FromOptaxState`. Extra keyword arguments (`value`, `grad`,
     `value_fn`...) are forwarded when the Optax `update` accepts `**kwargs` (as
     `GradientTransformationExtraArgs` does) and dropped otherwise.
 
@@ -100,9 +104,11 @@ class FromOptax(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return False
 
+    @init_entry
     def init(self, params: Params) -> FromOptaxState:
         return FromOptaxState(inner_state=self.transform.init(_trainable_part(params)))
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -144,10 +150,11 @@ class FromOptax(AbstractGradientTransformation):
         return new_updates, FromOptaxState(inner_state=inner_state)
 
 
+@checked
 def from_optax(transform: Any) -> FromOptax:
     """Wraps an Optax transformation so that it runs in eqopt on whole models.
 
-    Builds a [`eqopt.FromOptax`][], which documents the behaviour. An Optax
+    Builds a `eqopt.FromOptax`, which documents the behaviour. An Optax
     transformation given to eqopt's combinators (`chain`, `masked`,
     `partition`...) is wrapped this way for you.
 
@@ -157,13 +164,13 @@ def from_optax(transform: Any) -> FromOptax:
 
     **Returns:**
 
-    A [`eqopt.FromOptax`][].
+    A `eqopt.FromOptax`.
     """
     return FromOptax(transform)
 
 
 class OptaxTransformation(NamedTuple):
-    """An `(init, update)` pair of plain functions: Optax's protocol, from [`eqopt.to_optax`][].
+    """An `(init, update)` pair of plain functions: Optax's protocol, from `eqopt.to_optax`.
 
     The two functions close over an eqopt transform. The pair holds no arrays in
     its own pytree structure (its leaves are the two functions), so it can be a
@@ -175,13 +182,14 @@ class OptaxTransformation(NamedTuple):
     update: Callable[..., Any]
 
 
+@checked
 def to_optax(transform: Any) -> OptaxTransformation:
     """Returns an object with Optax's protocol that runs an eqopt transform.
 
     For libraries that expect an Optax `GradientTransformation` and store it
     where arrays are not allowed: Flax NNX's `nnx.Optimizer` keeps its `tx` as a
     static attribute, and refuses an eqopt transform because its hyperparameters
-    are array leaves. The result is an [`eqopt.OptaxTransformation`][]: a
+    are array leaves. The result is an `eqopt.OptaxTransformation`: a
     NamedTuple of an `init` and an `update` function (forwarding extra keyword
     arguments) that close over the transform. Its states are eqopt's own.
 
@@ -196,7 +204,7 @@ def to_optax(transform: Any) -> OptaxTransformation:
 
     **Returns:**
 
-    An [`eqopt.OptaxTransformation`][].
+    An `eqopt.OptaxTransformation`.
 
     !!! example "Flax NNX"
 
@@ -226,9 +234,9 @@ def to_optax(transform: Any) -> OptaxTransformation:
 def as_transform(transform: Any) -> AbstractGradientTransformation:
     """Accepts an eqopt transform, or wraps any object with `init` and `update`.
 
-    An Optax transformation is wrapped with [`eqopt.from_optax`][], so that it
+    An Optax transformation is wrapped with `eqopt.from_optax`, so that it
     sees only the trainable leaves of a whole Equinox model; any other object
-    with `init` and `update` is wrapped in [`eqopt.GradientTransformation`][].
+    with `init` and `update` is wrapped in `eqopt.GradientTransformation`.
     """
     if isinstance(transform, AbstractGradientTransformation):
         return transform

@@ -9,9 +9,18 @@ from typing import Any, TypeAlias, no_type_check
 
 import equinox as eqx
 import jax
-from jaxtyping import PyTree
 
 from ._quantize import QuantizedArray
+
+
+class InputError(ValueError):
+    """A `ValueError` in what was passed to eqopt, named by the leaf's path.
+
+    Raised by the path checks of `init` and `update` (a tree that does not
+    match the params, a leaf of the wrong shape, a mask that selects nothing);
+    the entry of the outermost transform raises it again from its own frame,
+    so the user's traceback ends at their call (see `eqopt/_entry.py`).
+    """
 
 
 # Called once per leaf (often as `is_leaf`): exempt from the type-check wrapper.
@@ -29,14 +38,16 @@ def is_trainable(x: Any) -> bool:
 
 @no_type_check
 def is_quantized_moment(x: Any) -> bool:
-    """Whether a leaf is a quantised moment ([`eqopt.QuantizedArray`][])."""
-    return isinstance(x, QuantizedArray)
+    """Whether a leaf is a quantised moment (`eqopt.QuantizedArray`)."""
+    # `type() is`: `isinstance` of a Module is Python code (an ABC's check), and
+    # this runs on every node of a tree; `QuantizedArray` is final.
+    return type(x) is QuantizedArray
 
 
 @no_type_check
 def is_state_leaf(x: Any) -> bool:
     """Where a per-leaf loop stops in a moment tree: `None` or a quantised moment."""
-    return x is None or isinstance(x, QuantizedArray)
+    return x is None or type(x) is QuantizedArray
 
 
 @no_type_check
@@ -75,11 +86,7 @@ def first_non_inexact(tree: Any) -> tuple[str, Any] | None:
 
 @no_type_check
 def _inexact_or_absent(leaf: Any) -> bool:
-    return (
-        eqx.is_inexact_array(leaf)
-        or is_float0(leaf)
-        or isinstance(leaf, QuantizedArray)
-    )
+    return eqx.is_inexact_array(leaf) or is_float0(leaf) or type(leaf) is QuantizedArray
 
 
 @no_type_check
@@ -88,8 +95,10 @@ def path_str(path: Any) -> str:
     return jax.tree_util.keystr(tuple(path)) or "<root>"
 
 
-#: Parameters: any pytree, typically a whole Equinox model. Its inexact arrays are trainable.
-Params: TypeAlias = PyTree[Any]
+#: Parameters: any pytree, typically a whole Equinox model. Its inexact arrays are
+#: trainable. (`Any` rather than jaxtyping's `PyTree[Any]`: every object is a pytree,
+#: so the check would accept anything after a walk over the whole model.)
+Params: TypeAlias = Any
 
 
 class _InexactTreeMeta(type):
@@ -127,8 +136,9 @@ class InexactTree(metaclass=_InexactTreeMeta):
 
 #: Updates or gradients: shaped like the params, `None` where a leaf is not trainable.
 Updates: TypeAlias = InexactTree
-#: An optimiser state: an `eqx.Module` for eqopt's own transforms, any pytree otherwise.
-OptState: TypeAlias = PyTree[Any]
+#: An optimiser state: an `eqx.Module` for eqopt's own transforms, any pytree
+#: otherwise (`Any`, as for `Params`).
+OptState: TypeAlias = Any
 
 
 _LIBRARIES = ("eqopt", "jaxtyping", "equinox", "beartype", "jax")

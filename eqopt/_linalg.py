@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, ArrayLike, Float, Inexact, Int, PRNGKeyArray, PyTree, Real
 
+from ._typecheck import checked
 from .tree import norm as tree_norm, scale as tree_scale, vdot as tree_vdot
 
 
@@ -27,6 +28,7 @@ def _normalise(tree: Any) -> Any:
 # ---------------------------------------------------------------------------
 
 
+@checked
 def power_iteration(
     matrix: Inexact[ArrayLike, "n n"] | Callable[[PyTree[Any]], PyTree[Any]],
     *,
@@ -149,6 +151,7 @@ def _matrix_power(matrix: Array, p: Any, precision: lax.Precision) -> Array:
     return result
 
 
+@checked
 def matrix_inverse_pth_root(
     matrix: Float[ArrayLike, "n n"],
     p: int | Int[ArrayLike, ""],
@@ -160,7 +163,7 @@ def matrix_inverse_pth_root(
     r"""Computes $A^{-1/p}$ of a symmetric positive semi-definite matrix by coupled Newton iterations.
 
     The matrix is first damped, $A_\epsilon = A + \epsilon\,\lambda_{\max}(A)\,I$
-    (with $\lambda_{\max}$ from [`eqopt.power_iteration`][]), then, with
+    (with $\lambda_{\max}$ from `eqopt.power_iteration`), then, with
     $z = (1 + p) / (2\|A_\epsilon\|_F)$, $M_0 = z A_\epsilon$ and
     $H_0 = z^{1/p} I$, the coupled iteration
 
@@ -244,6 +247,7 @@ def _spectral_radius_upper_bound(matrix: Array) -> Array:
     return jnp.minimum(frobenius, one_norm)
 
 
+@checked
 def nnls(
     A: Float[ArrayLike, "m n"],
     b: Float[ArrayLike, " m"] | Float[ArrayLike, "m k"],
@@ -317,6 +321,7 @@ def _scale_gradient_bwd(scale, cotangents):
 _scale_gradient.defvjp(_scale_gradient_fwd, _scale_gradient_bwd)
 
 
+@checked
 def scale_gradient(inputs: PyTree[Any], scale: Real[ArrayLike, ""]) -> PyTree[Any]:
     r"""Returns `inputs` unchanged, with the gradient flowing back through it scaled.
 

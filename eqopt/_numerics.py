@@ -9,6 +9,7 @@ from jaxtyping import Array, ArrayLike, Float, Inexact, Int, PyTree, Shaped
 
 from ._deprecation import deprecated
 from ._leaves import Updates, is_none
+from ._typecheck import checked
 
 # The per-leaf helpers below run once per leaf at trace time; their inputs were
 # checked at the public `update`, so they skip the type-check wrapper (which
@@ -32,6 +33,7 @@ def debias(moment, correction):
     return moment / correction.astype(moment.dtype)
 
 
+@checked
 def safe_norm(
     x: Inexact[Array, "..."],
     min_norm: Float[ArrayLike, ""],
@@ -61,6 +63,7 @@ def safe_norm(
     return jnp.where(norm <= min_norm, min_norm, masked_norm)
 
 
+@checked
 def safe_root_mean_squares(
     x: Inexact[Array, "..."], min_rms: Float[ArrayLike, ""]
 ) -> Float[Array, ""]:
@@ -75,6 +78,7 @@ def safe_root_mean_squares(
     )
 
 
+@checked
 def safe_increment(count: Shaped[Array, ""]) -> Shaped[Array, ""]:
     """Adds one to a counter, saturating at the largest value of its dtype.
 
@@ -90,6 +94,7 @@ def safe_increment(count: Shaped[Array, ""]) -> Shaped[Array, ""]:
     return jnp.where(count < max_value, count + one, max_value)
 
 
+@checked
 def safe_int32_increment(count: Int[Array, ""]) -> Int[Array, ""]:
     """Adds one to an `int32` counter, saturating at `2**31 - 1`."""
     count = jnp.asarray(count)
@@ -100,6 +105,7 @@ def safe_int32_increment(count: Int[Array, ""]) -> Int[Array, ""]:
     return safe_increment(count)
 
 
+@checked
 def bias_correction(
     moment: Updates,
     decay: Float[ArrayLike, ""],
@@ -115,6 +121,7 @@ def bias_correction(
     return jax.tree.map(lambda t: debias(t, correction), moment)
 
 
+@checked
 def update_moment(
     updates: Updates,
     moments: Updates,
@@ -135,6 +142,7 @@ def update_moment(
     )
 
 
+@checked
 def update_moment_per_elem_norm(
     updates: Updates,
     moments: Updates,
@@ -165,6 +173,7 @@ def update_moment_per_elem_norm(
     )
 
 
+@checked
 def update_infinity_moment(
     updates: Updates,
     moments: Updates,
@@ -198,9 +207,10 @@ def tree_l2_norm(updates: PyTree[Any]) -> Float[Array, ""]:
 
 
 @deprecated("`eqopt.tree.norm`")
+@checked
 def global_norm(updates: PyTree[Any]) -> Float[Array, ""]:
     """The L2 norm of all the array leaves of a pytree (deprecated, as in Optax).
 
-    Use [`eqopt.tree.norm`][] (the same number).
+    Use `eqopt.tree.norm` (the same number).
     """
     return tree_l2_norm(updates)

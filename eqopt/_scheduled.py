@@ -13,27 +13,31 @@ from jaxtyping import Array, Int
 
 from ._base import EmptyState
 from ._numerics import safe_int32_increment
+from ._typecheck import checked
 
 
+@checked
 class ScaleByScheduleState(eqx.Module):
-    """The step count of a scheduled transform ([`eqopt.ScaleBySchedule`][], or a
+    """The step count of a scheduled transform (`eqopt.ScaleBySchedule`, or a
     transform whose hyperparameter is a schedule)."""
 
     count: Int[Array, ""]
 
 
+@checked
 def init_count_if_scheduled(value: Any) -> ScaleByScheduleState | EmptyState:
     """The state a hyperparameter that may be a schedule needs: a step count if it is one.
 
-    Returns a [`eqopt.ScaleByScheduleState`][] (the count, starting at 0) for a
-    schedule, and [`eqopt.EmptyState`][] for a number. Call it in `init` and read
-    the value in `update` with [`eqopt.current_value`][].
+    Returns a `eqopt.ScaleByScheduleState` (the count, starting at 0) for a
+    schedule, and `eqopt.EmptyState` for a number. Call it in `init` and read
+    the value in `update` with `eqopt.current_value`.
     """
     if callable(value):
         return ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
     return EmptyState()
 
 
+@checked
 def current_value(value: Any, state: Any) -> tuple[Any, Any]:
     """A number as it is, or a schedule evaluated at the state's count.
 

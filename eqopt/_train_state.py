@@ -15,8 +15,10 @@ from ._base import (
 )
 from ._interop import as_transform
 from ._numerics import safe_int32_increment
+from ._typecheck import checked
 
 
+@checked
 class TrainState(eqx.Module):
     """Holds everything a training step changes: the model, the optimiser and its state.
 
@@ -33,7 +35,7 @@ class TrainState(eqx.Module):
     - `opt_state`: the optimiser state.
     - `step`: the number of `apply_gradients` calls so far, an `int32` scalar.
 
-    Build it with [`eqopt.TrainState.create`][].
+    Build it with `eqopt.TrainState.create`.
 
     !!! example "A jitted step"
 
@@ -100,7 +102,7 @@ class TrainState(eqx.Module):
         """Takes one optimiser step.
 
         Computes the updates with `tx.update(grads, opt_state, model,
-        **extra_args)`, adds them to the model with [`eqopt.apply_updates`][]
+        **extra_args)`, adds them to the model with `eqopt.apply_updates`
         and increments `step`.
 
         **Arguments:**

@@ -1,27 +1,34 @@
-"""The type checker eqopt's import hook applies: beartype, lazily, with short errors.
+"""Type checking at eqopt's public boundary: `@checked`, lazily, with short errors.
 
-The import hook of `eqopt/_hook.py` decorates every function and Module of
-eqopt with `jaxtyping.jaxtyped(typechecker=typechecker)` (built on first use),
-so every annotation is checked by beartype (at trace time under `jit`). Two things differ from passing
-`beartype.beartype` itself:
+Every public constructor, `init`, `update`, schedule call, loss and tree
+function of eqopt carries jaxtyping annotations, and is decorated where it is
+defined: `@checked` on a function, a schedule's `__call__` or a public class
+(whose constructor and fields are then checked), and the entries of
+`eqopt/_entry.py` on a transform's `init` and `update` (which check the same
+way). Private helpers are not checked in a user's process; the test suite
+checks them too (`tests/_checking_hook.py`). `JAXTYPING_DISABLE=1` turns every
+check off.
 
-- **Lazily.** beartype builds a checking wrapper for a function on the first
-  call, not when the module is imported: eqopt has over a thousand annotated
-  functions, and decorating them all up front made `import eqopt` seconds
-  slower than `import jax, equinox`.
-- **Short errors.** A failed check raises [`eqopt.ArgumentTypeError`][], a
+What `@checked` adds to `jaxtyping.jaxtyped(typechecker=beartype)`:
+
+- **Lazily.** The checking wrapper of a function is built on its first call,
+  not when the module is imported: eqopt has hundreds of public functions, and
+  building them up front made `import eqopt` seconds slower.
+- **Short errors.** A failed check raises `eqopt.ArgumentTypeError`, a
   `TypeError` whose message is one line: the function, the argument, what was
   expected and what came (with a hint when a state of another transform was
-  passed). jaxtyping re-raises it as it is, instead of printing every argument
-  of the call (a whole model, often hundreds of lines).
-
-This module is imported before the hook is installed, so it is not checked itself.
+  passed). It is raised from the decorated function's own frame, not from
+  the checker's wrappers.
+- **Calls that do not bind** get Python's wording, naming the function, and
+  a suggestion for a misspelt keyword.
 """
 
+import dataclasses
 import difflib
 import functools
 import inspect
 import re
+import sys
 import types
 import typing
 from collections.abc import Callable
@@ -44,7 +51,7 @@ class ArgumentValueError(jaxtyping.AnnotationError, ValueError):
 
     Raised for an argument annotated with a `Literal` (a choice among named
     options, such as `variant="sps"`): a `ValueError`, as Optax raises for a bad
-    choice, with the same one-line message as [`eqopt.ArgumentTypeError`][].
+    choice, with the same one-line message as `eqopt.ArgumentTypeError`.
     """
 
 
@@ -232,3 +239,130 @@ def call_error(
             f"{owner}() {message}" + (f"; did you mean '{close[0]}'?" if close else "")
         )
     return TypeError(f"{owner}() {message}")
+
+
+#: Whether a check also runs when eqopt's own code makes the call. Off in a
+#: user's process: eqopt checks what a user passes it, once, where they pass it
+#: (a chain's parts, called by the chain, are given what the chain was given and
+#: checked). The test suite turns it on, so eqopt's own calls are checked there.
+CHECK_CALLS_FROM_EQOPT = False
+
+
+def called_from_eqopt(depth: int) -> bool:
+    """Whether the caller `depth` frames above this function's caller is eqopt's own code.
+
+    Frames of Equinox (a method bound to a Module is called through it) are
+    passed over.
+    """
+    if CHECK_CALLS_FROM_EQOPT:
+        return False
+    frame = sys._getframe(depth + 1)
+    name = frame.f_globals.get("__name__", "")
+    while name.startswith("equinox.") and frame.f_back is not None:
+        frame = frame.f_back
+        name = frame.f_globals.get("__name__", "")
+    return name.startswith("eqopt.")
+
+
+def _check_and_trim(fn: Callable, checked: Callable, args: tuple, kwargs: dict) -> Any:
+    try:
+        return checked(*args, **kwargs)
+    except (ArgumentTypeError, ArgumentValueError) as error:
+        # The checker's own frames tell the user nothing: the error is raised
+        # again from the decorated function's frame.
+        raise error.with_traceback(None) from None
+    except TypeError as error:
+        better = call_error(fn, error, args, kwargs, fn.__name__)
+        if better is None:
+            raise
+        raise better from None
+
+
+def checked_function(fn: Callable) -> Callable:
+    """`jaxtyped(typechecker=typechecker)(fn)`, built on the first call."""
+
+    checked: Callable | None = None
+
+    @functools.wraps(fn)
+    def check(*args, **kwargs):
+        nonlocal checked
+        if called_from_eqopt(1):
+            return fn(*args, **kwargs)
+        if checked is None:
+            checked = jaxtyping.jaxtyped(typechecker=typechecker)(fn)
+        return _check_and_trim(fn, checked, args, kwargs)
+
+    check.__eqopt_checked__ = True  # pyright: ignore[reportAttributeAccessIssue]
+    return check
+
+
+def _name_call_errors(cls: type, unchecked: Callable) -> None:
+    # `cls.__init__` is jaxtyping's wrapper: a call that does not bind gets
+    # Python's wording, naming the class (see `call_error`). eqopt's own
+    # constructions (a state made in `update`) call `unchecked`.
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def named(self, *args, **kwargs):
+        if called_from_eqopt(1):
+            return unchecked(self, *args, **kwargs)
+        try:
+            return init(self, *args, **kwargs)
+        except (ArgumentTypeError, ArgumentValueError) as error:
+            raise error.with_traceback(None) from None
+        except TypeError as error:
+            better = call_error(init, error, (self, *args), kwargs, cls.__name__)
+            if better is None:
+                raise
+            raise better from None
+
+    cls.__init__ = named  # pyright: ignore
+
+
+def checked_class(cls: type) -> type:
+    """`jaxtyped(typechecker=typechecker)(cls)`, applied at the first instantiation.
+
+    For a dataclass (every Module) `jaxtyped` wraps `__init__` to check the
+    fields once it has run. Until the first instance is made, a placeholder
+    `__init__` stands in: it puts the class's own `__init__` back (or removes
+    itself, when the class inherits its `__init__`), lets `jaxtyped` wrap it, and
+    calls the result.
+    """
+
+    if not dataclasses.is_dataclass(cls):
+        return jaxtyping.jaxtyped(typechecker=typechecker)(cls)
+    own = cls.__dict__.get("__init__")
+
+    @functools.wraps(own if own is not None else cls.__init__)
+    def placeholder(self, *args, **kwargs):
+        if cls.__dict__.get("__init__") is placeholder:
+            if own is None:
+                delattr(cls, "__init__")
+            else:
+                cls.__init__ = own  # pyright: ignore
+            unchecked = cls.__init__
+            jaxtyping.jaxtyped(typechecker=typechecker)(cls)
+            _name_call_errors(cls, unchecked)
+        return cls.__init__(self, *args, **kwargs)  # pyright: ignore
+
+    cls.__init__ = placeholder  # pyright: ignore
+    cls.__eqopt_checked__ = True  # pyright: ignore[reportAttributeAccessIssue]
+    return cls
+
+
+_T = typing.TypeVar("_T")
+
+
+def checked(obj: _T) -> _T:
+    """Checks a public function's (or class's constructor's) annotations on every call.
+
+    On a function or method: its arguments and return value, with jaxtyping's
+    shape annotations and beartype, the checker built on the first call. On a
+    class (an `eqx.Module` or dataclass): its constructor's arguments and then
+    its fields. A failed check is one `eqopt.ArgumentTypeError` (or
+    `eqopt.ArgumentValueError` for a choice among named options). Under
+    `jit` the check runs when tracing, so it costs nothing per step.
+    """
+    if isinstance(obj, type):
+        return typing.cast(_T, checked_class(obj))
+    return typing.cast(_T, checked_function(typing.cast(Callable, obj)))

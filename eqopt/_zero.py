@@ -14,7 +14,7 @@ evenly by the axis size and is not already sharded. Leaves that cannot be
 split keep their layout: scalars (counts, hyperparameters), leaves smaller than
 `min_size`, and leaves with no such dimension. A leaf already sharded over the
 axis (the moment of a fully sharded parameter) is left as it is. A quantised
-moment ([`eqopt.QuantizedArray`][]) is split over its blocks, codes and
+moment (`eqopt.QuantizedArray`) is split over its blocks, codes and
 scales together, where the number of blocks divides (rank-1 scales, one per
 row and column, stay whole).
 
@@ -35,6 +35,7 @@ from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionS
 
 from ._fused._bucketed import Bucketed
 from ._quantize import is_quantized
+from ._typecheck import checked
 
 #: Leaves with fewer elements than this keep their layout by default: splitting
 #: them saves little memory and adds a collective per leaf to every step.
@@ -159,6 +160,7 @@ def _reasons(plans: Any) -> tuple[tuple[str, str], ...]:
     )
 
 
+@checked
 def zero_shardings(
     state: Any,
     mesh: Mesh | AbstractMesh,
@@ -172,7 +174,7 @@ def zero_shardings(
     the `axis` of the mesh is added to its first dimension that divides evenly
     by the axis size and is not already sharded. Scalars, leaves smaller than
     `min_size` elements and leaves with no such dimension keep their layout
-    ([`eqopt.zero_unsplit`][] lists them); a leaf already sharded over `axis`
+    (`eqopt.zero_unsplit` lists them); a leaf already sharded over `axis`
     is left as it is.
 
     **Arguments:**
@@ -199,6 +201,7 @@ def zero_shardings(
     return _shardings(_plan(state, mesh, axis, min_size))
 
 
+@checked
 def zero_unsplit(
     state: Any,
     mesh: Mesh | AbstractMesh,
@@ -206,10 +209,10 @@ def zero_unsplit(
     *,
     min_size: int = MIN_SIZE,
 ) -> dict[str, str]:
-    """The array leaves of `state` that [`eqopt.zero_shardings`][] leaves whole
+    """The array leaves of `state` that `eqopt.zero_shardings` leaves whole
     over `axis`, each with the reason: `{path: reason}`.
 
-    Arguments as for [`eqopt.zero_shardings`][].
+    Arguments as for `eqopt.zero_shardings`.
     """
     return dict(_reasons(_plan(state, mesh, axis, min_size)))
 
@@ -228,7 +231,7 @@ def constrain(tree: Any, shardings: Any) -> Any:
 
     - `tree`: a pytree (a state, gradients, updates, params).
     - `shardings`: a pytree shaped like `tree` with a sharding or `None` at each
-      leaf, such as [`eqopt.zero_shardings`][] or [`eqopt.ZeroPlan`][]'s fields.
+      leaf, such as `eqopt.zero_shardings` or `eqopt.ZeroPlan`'s fields.
 
     **Returns:**
 
@@ -252,6 +255,7 @@ def _explicit(sharding: Any) -> bool:
     return any(kind == AxisType.Explicit for kind in mesh.axis_types)
 
 
+@checked
 def shard_state(
     state: Any,
     mesh: Mesh,
@@ -259,11 +263,11 @@ def shard_state(
     *,
     min_size: int = MIN_SIZE,
 ) -> Any:
-    """`state` laid out on its [`eqopt.zero_shardings`][]: ZeRO-1 for a state built
+    """`state` laid out on its `eqopt.zero_shardings`: ZeRO-1 for a state built
     already (outside `jit`; to build it straight into this layout without
-    materialising it whole, use [`eqopt.zero_plan`][]).
+    materialising it whole, use `eqopt.zero_plan`).
 
-    Arguments as for [`eqopt.zero_shardings`][]; returns the state.
+    Arguments as for `eqopt.zero_shardings`; returns the state.
     """
     return constrain(state, zero_shardings(state, mesh, axis, min_size=min_size))
 
@@ -330,13 +334,14 @@ def _abstract_state(opt: Any, params: Any, param_shardings: Any, mesh: Mesh) -> 
     return jax.tree.map(on_mesh, abstract)
 
 
+@checked
 class ZeroPlan(eqx.Module):
     r"""Where an optimiser's state lives under ZeRO-1, computed without building it.
 
-    Made by [`eqopt.zero_plan`][] from the optimiser, the params (or their
+    Made by `eqopt.zero_plan` from the optimiser, the params (or their
     abstract shapes) and the mesh. Each array leaf of the state keeps its
     parameter's sharding and is split over the data axis by the rule of
-    [`eqopt.zero_shardings`][]; the parameters and gradients keep their own
+    `eqopt.zero_shardings`; the parameters and gradients keep their own
     layout. A step with data parallelism then reads, per device:
 
     $$
@@ -348,12 +353,12 @@ class ZeroPlan(eqx.Module):
     where $s_i$ is the device's $1/n$ of the state: the state is never whole on
     one device. Elementwise transforms compute exactly what they compute
     unsharded. Transforms that need a whole matrix (Muon's orthogonalisation,
-    GaLore's SVD, the flat vector of [`eqopt.flatten`][]) gather it first, so they
+    GaLore's SVD, the flat vector of `eqopt.flatten`) gather it first, so they
     give the same numbers too and communicate that matrix each step.
 
     **Fields:**
 
-    - `mesh`, `axis`, `min_size`: as given to [`eqopt.zero_plan`][].
+    - `mesh`, `axis`, `min_size`: as given to `eqopt.zero_plan`.
     - `param_shardings`: the params' own shardings (a pytree like the params).
     - `split_param_shardings`: the params' shardings split by the same rule as
       the state, on which `update` computes.
@@ -470,6 +475,7 @@ def _is_none(x: Any) -> bool:
     return x is None
 
 
+@checked
 def zero_plan(
     opt: Any,
     params: Any,
@@ -478,7 +484,7 @@ def zero_plan(
     *,
     min_size: int = MIN_SIZE,
 ) -> ZeroPlan:
-    """Plans ZeRO-1 for `opt` on `params`: see [`eqopt.ZeroPlan`][].
+    """Plans ZeRO-1 for `opt` on `params`: see `eqopt.ZeroPlan`.
 
     Nothing is computed or allocated: the state's shapes come from
     `eqx.filter_eval_shape(opt.init, params)`.
@@ -496,7 +502,7 @@ def zero_plan(
 
     **Returns:**
 
-    An [`eqopt.ZeroPlan`][].
+    An `eqopt.ZeroPlan`.
     """
     axes = _axes(axis)
     param_shardings = _shardings_of(params, mesh)

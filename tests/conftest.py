@@ -7,10 +7,19 @@ import jax  # noqa: E402
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_enable_checks", False)
 
-# eqopt installs jaxtyping's beartype import hook over its own modules when it is
-# imported (DESIGN §7), so importing it here is enough to test with checking on.
+# eqopt checks its public boundary itself (docs/design.md, "Type checking"); the
+# tests check its private helpers too, with this import hook, installed before any
+# of eqopt's modules is imported.
+import _checking_hook  # noqa: E402
 import jaxtyping  # noqa: E402
 
+_checking_hook.install()
+
 import eqopt  # noqa: E402,F401
+import eqopt._typecheck  # noqa: E402
+
+# In a user's process eqopt's calls to its own public functions are not checked
+# again; here they are.
+eqopt._typecheck.CHECK_CALLS_FROM_EQOPT = True
 
 assert not jaxtyping.config.jaxtyping_disable, "tests must run with type checking on"

@@ -88,6 +88,7 @@ def test_every_public_name_loads_on_first_use():
             return {m for m in sys.modules if m.startswith("eqopt.")}
 
         print(sorted(loaded()))
+        print([type(f).__module__ for f in sys.meta_path if "eqopt" in type(f).__module__])
         adam = eqopt.adam
         print("eqopt._alias" in loaded(), "eqopt.contrib" in loaded())
         print(eqopt.adam is adam is eqopt._alias.adam, "adam" in vars(eqopt))
@@ -103,10 +104,38 @@ def test_every_public_name_loads_on_first_use():
         """
     )
     lines = out.splitlines()
-    assert lines[0] == "['eqopt._hook', 'eqopt._typecheck']"
-    assert lines[1:5] == ["True False", "True True", "True", "True True"]
-    assert lines[5] == "True"
-    assert lines[6] == "module 'eqopt' has no attribute 'no_such_name'"
+    assert lines[0] == "['eqopt._typecheck']"
+    assert lines[1] == "[]", "`import eqopt` installs no import hook"
+    assert lines[2:6] == ["True False", "True True", "True", "True True"]
+    assert lines[6] == "True"
+    assert lines[7] == "module 'eqopt' has no attribute 'no_such_name'"
+
+
+def test_the_export_table_is_what_the_type_checkers_read():
+    """`eqopt/_exports.py` (read at run time) names what the `TYPE_CHECKING` imports name."""
+    import ast
+    import pathlib
+
+    import eqopt
+
+    source = pathlib.Path(eqopt.__file__).read_text()
+    block = next(
+        node
+        for node in ast.parse(source).body
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "_TYPE_CHECKING"
+    )
+    static = {}
+    for node in block.body:
+        assert isinstance(node, ast.ImportFrom) and node.level == 1
+        for alias in node.names:
+            module = "eqopt" + ("." + node.module if node.module else "")
+            where = (
+                (module, alias.name)
+                if node.module
+                else (module + "." + alias.name, None)
+            )
+            static[alias.asname or alias.name] = where
+    assert static == eqopt._table()
 
 
 def test_every_name_in_the_table_exists():

@@ -30,12 +30,15 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     (
         "foundation",
         "what every module uses: leaves and paths, hyperparameter converters, "
-        "type checking and the import hook, numerics, sharding helpers, packing",
+        "the export table, type checking, path checks, numerics, sharding helpers, "
+        "quantised moments, packing",
         (
             "eqopt",
+            "eqopt._exports",
             "eqopt._typecheck",
-            "eqopt._hook",
             "eqopt._leaves",
+            "eqopt._layer_axes",
+            "eqopt._checks",
             "eqopt._signatures",
             "eqopt._deprecation",
             "eqopt._quantize",
@@ -73,10 +76,12 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     ),
     (
         "protocol",
-        "the transform protocol, filters, chains and partitions, applying updates, "
-        "interop, the bucketed engine",
+        "the transform protocol and the entry of its methods, per-leaf helpers, "
+        "filters, chains and partitions, applying updates, interop, the bucketed engine",
         (
             "eqopt._base",
+            "eqopt._entry",
+            "eqopt._leafwise",
             "eqopt._filters",
             "eqopt._typing",
             "eqopt._apply",

@@ -228,7 +228,7 @@ def test_default_path_hints_bucketing_once(monkeypatch):
 
     import eqopt._base
 
-    monkeypatch.setattr(eqopt._base._INIT, "hinted", False)
+    monkeypatch.setattr(eqopt._entry, "_hinted", [False])
     stack = _model(70)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

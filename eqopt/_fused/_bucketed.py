@@ -12,8 +12,10 @@ from .._base import (
     Params,
     Updates,
 )
+from .._entry import init_entry, update_entry
 from .._interop import as_transform
 from .._leaves import is_none
+from .._typecheck import checked
 from ._pack import (
     MAX_MEAN_LEAF_SIZE as MAX_MEAN_LEAF_SIZE,
     MIN_LEAVES_PER_BUFFER as MIN_LEAVES_PER_BUFFER,
@@ -27,11 +29,12 @@ from ._pack import (
 )
 
 
+@checked
 class BucketedState(eqx.Module):
-    """The state of [`eqopt.Bucketed`][]: the inner state over packed buffers.
+    """The state of `eqopt.Bucketed`: the inner state over packed buffers.
 
     `inner` is the inner transform's state for the packed params, so its moments
-    are [`eqopt.Packed`][] trees of one buffer per dtype. [`eqopt.BucketedState.unpacked`][]
+    are `eqopt.Packed` trees of one buffer per dtype. `eqopt.BucketedState.unpacked`
     gives the same state with every moment model-shaped, as the inner transform
     would have made it on the params directly.
     """
@@ -47,11 +50,12 @@ class BucketedState(eqx.Module):
 
     def unpacked(self) -> OptState:
         """The inner state with every packed moment rebuilt in the shape of the params
-        (a moment quantised as one array per buffer, see [`eqopt.Quantized`][]'s
+        (a moment quantised as one array per buffer, see `eqopt.Quantized`'s
         `packed_blocks`, is dequantised)."""
         return unpack_all(self.inner)
 
 
+@checked
 class Bucketed(AbstractGradientTransformation):
     r"""Keeps the state of an elementwise transform in one flat buffer per dtype.
 
@@ -67,8 +71,8 @@ class Bucketed(AbstractGradientTransformation):
     every transform: an elementwise one (Adam, SGD, Lion, RMSProp, global-norm
     clipping, and chains of them) runs on the buffers, as does a weight-decay
     mask (on segments of a buffer), and one that is not (per-leaf norms,
-    freezing) sees the params unpacked, as with [`eqopt.pack`][]. For the
-    largest speed-up, also keep the params packed with [`eqopt.pack`][].
+    freezing) sees the params unpacked, as with `eqopt.pack`. For the
+    largest speed-up, also keep the params packed with `eqopt.pack`.
 
     **Arguments:**
 
@@ -108,6 +112,7 @@ class Bucketed(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return self.inner.elementwise
 
+    @init_entry
     def init(self, params: Params) -> BucketedState:
         leaves, treedef = jax.tree.flatten(params, is_leaf=is_none)
         layout = _layout_of(leaves)
@@ -126,6 +131,7 @@ class Bucketed(AbstractGradientTransformation):
             inner=self.inner.init(pack(params)), layout=layout, treedef=treedef
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -160,6 +166,7 @@ class Bucketed(AbstractGradientTransformation):
         )
 
 
+@checked
 def bucketed(inner: Any, always: bool = False) -> Bucketed:
-    """Keeps `inner`'s state in one flat buffer per dtype: see [`eqopt.Bucketed`][]."""
+    """Keeps `inner`'s state in one flat buffer per dtype: see `eqopt.Bucketed`."""
     return Bucketed(inner, always=always)

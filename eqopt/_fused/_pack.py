@@ -15,6 +15,7 @@ from .._leaves import is_none, is_trainable
 from .._quantize import QuantizedArray
 from .._sharding import gathered
 from .._structure import structure_mismatch_message
+from .._typecheck import checked
 from ._split import split_buffer
 
 
@@ -240,16 +241,17 @@ def _split(buffers: tuple, layout: _Layout, static: bool = False) -> dict[int, A
     return out
 
 
+@checked
 class Packed(eqx.Module):
     """A model whose trainable arrays live in one flat buffer per dtype.
 
-    Made by [`eqopt.pack`][]. Its fields are the flat `buffers` (one per dtype,
+    Made by `eqopt.pack`. Its fields are the flat `buffers` (one per dtype,
     and per sharding when leaves are sharded differently), `rest_leaves`, the
     model's leaves that are not trainable (non-array leaves and integer arrays,
     kept as they are; `None` in a gradient), and static metadata saying where
     each leaf lives. `packed.rest` is the model with every trainable leaf
     replaced by `None`. Whatever the number of trainable arrays, a `Packed`
-    crosses the `jit` boundary as a few buffers. Call [`eqopt.Packed.unpack`][]
+    crosses the `jit` boundary as a few buffers. Call `eqopt.Packed.unpack`
     inside the jitted step to get the model back: the slices are free in XLA.
 
     A `Packed` is a pytree like any Module, so it goes straight into every eqopt
@@ -377,12 +379,13 @@ class Packed(eqx.Module):
                 )
 
 
+@checked
 def pack(model: PyTree[Any]) -> Packed:
     """Keeps a model's trainable arrays in one flat buffer per dtype.
 
     The trainable leaves are the inexact (floating or complex) arrays; every
     other leaf (functions, ints, strings, integer arrays, `None`) is kept in
-    place in [`eqopt.Packed`][]`.rest`. Leaves are grouped by dtype, and by
+    place in `eqopt.Packed``.rest`. Leaves are grouped by dtype, and by
     sharding when they are sharded differently, in the order of
     `jax.tree.leaves(model)`.
 
@@ -392,7 +395,7 @@ def pack(model: PyTree[Any]) -> Packed:
 
     - `model`: any pytree, typically a whole Equinox model.
 
-    **Returns:** an [`eqopt.Packed`][].
+    **Returns:** an `eqopt.Packed`.
 
     **Raises:** `ValueError` if the model has no trainable array.
     """

@@ -1,16 +1,16 @@
 r"""Quantised optimiser moments: 8-bit and 4-bit codes with block-wise or rank-1 scales.
 
 A moment tree normally holds one array per trainable leaf. Given a
-[`eqopt.Quantized`][] format as its dtype (`mu_dtype=eqopt.Quantized(8)`), it
-holds a [`eqopt.QuantizedArray`][] instead: one small integer code per element
+`eqopt.Quantized` format as its dtype (`mu_dtype=eqopt.Quantized(8)`), it
+holds a `eqopt.QuantizedArray` instead: one small integer code per element
 and a few float32 scales (one per block of elements, or one per row and per
 column of a matrix). `dequantize()` gives the moment back;
-[`eqopt.tree.get`][] dequantises what it returns.
+`eqopt.tree.get` dequantises what it returns.
 
 Per-leaf code (`eqopt._base.leafwise`) dequantises a quantised input before the
 transform's arithmetic runs and quantises the matching output with the same
 format afterwards, so a transform supports quantised moments by creating them
-in `init` ([`eqopt._quantize.moment_like`][]) and nothing else.
+in `init` (`eqopt._quantize.moment_like`) and nothing else.
 
 Two maps, after the papers:
 
@@ -52,10 +52,10 @@ Zeros and constants are built directly as codes and scales, never quantised
 inside `jit` (quantising a large constant stalled XLA's constant folding for
 seconds).
 
-The package, lowest first: `_format` (the [`eqopt.Quantized`][] format),
+The package, lowest first: `_format` (the `eqopt.Quantized` format),
 `_codec` (the maps, rounding, 4-bit packing), `_backend_choice` (the CPU lookup
 decoding of 8-bit codes, with its measured reason), `_array` (the
-[`eqopt.QuantizedArray`][] type, quantising and requantising), `_tree` (moment
+`eqopt.QuantizedArray` type, quantising and requantising), `_tree` (moment
 trees: `moment_like`, `cast_moment`, `dequantize_all`), `_call` (the per-leaf
 call `call_dequantized` and its kernels in rows of blocks).
 Measurements behind these choices, dated, are in `benchmarks/README.md`
@@ -83,7 +83,7 @@ from ._array import (
     is_quantized as is_quantized,
     requantize_all as requantize_all,
 )
-from ._backend_choice import DECODING as DECODING, _looks_up as _looks_up
+from ._backend_choice import _looks_up as _looks_up
 from ._call import (
     _block_rows as _block_rows,
     _call_in_rows as _call_in_rows,
@@ -113,4 +113,5 @@ from ._tree import (
     dequantize_all as dequantize_all,
     moment_like as moment_like,
     quantized_on_buffers as quantized_on_buffers,
+    without_lookup as without_lookup,
 )

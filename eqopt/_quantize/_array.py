@@ -1,6 +1,7 @@
-"""[`eqopt.QuantizedArray`][]: a moment as codes and scales, quantised and
+"""`eqopt.QuantizedArray`: a moment as codes and scales, quantised and
 requantised (block-wise, cut into whole blocks and a rest, or rank-1)."""
 
+import dataclasses
 import math
 from typing import Any, no_type_check
 
@@ -19,9 +20,9 @@ from ._codec import _decode, _encode, _pack_nibbles, _unpack_nibbles
 class QuantizedArray(eqx.Module):
     """An optimiser moment stored as codes with block-wise or rank-1 scales.
 
-    Made by `init` of a transform given a [`eqopt.Quantized`][] moment dtype.
+    Made by `init` of a transform given a `eqopt.Quantized` moment dtype.
     Read it with `dequantize()` (or through
-    [`eqopt.tree.get`][], which dequantises); it serialises, checkpoints and
+    `eqopt.tree.get`, which dequantises); it serialises, checkpoints and
     crosses `jit` as its two arrays.
 
     **Fields:** `codes` (uint8, the flattened moment in rows of `block_size`
@@ -31,8 +32,11 @@ class QuantizedArray(eqx.Module):
     matrix's row maxima, then its column maxima), and static `shape`, `dtype`
     (of the dequantised array), `bits`, `kind` (`"dynamic"` or `"linear"`: a
     signed first moment; `"sqrt"`: a second moment stored as $\\sqrt v$ on the
-    linear map without zero), `normalization` (`"block"` or `"rank1"`) and
-    `rounding` (`"nearest"` or `"stochastic"`, for the next quantisation).
+    linear map without zero), `normalization` (`"block"` or `"rank1"`),
+    `rounding` (`"nearest"` or `"stochastic"`, for the next quantisation) and
+    `lookup` (whether the codes may be decoded by a lookup in the map where the
+    backend makes that the faster way, `eqopt._quantize._backend_choice`; a
+    moment of a leaf cut from a packed buffer is not: see `without_lookup`).
     """
 
     codes: UInt8[Array, "blocks width"]
@@ -43,6 +47,7 @@ class QuantizedArray(eqx.Module):
     kind: str = eqx.field(static=True)
     normalization: str = eqx.field(static=True, default="block")
     rounding: str = eqx.field(static=True, default="nearest")
+    lookup: bool = eqx.field(static=True, default=True)
 
     @property
     def size(self) -> int:
@@ -73,7 +78,7 @@ class QuantizedArray(eqx.Module):
         codes = codes if self.bits == 8 else _unpack_nibbles(codes)
         if size is not None:
             codes = codes.reshape(-1)[:size]
-        return _decode(codes, self.kind, self.bits, _looks_up(self.bits))
+        return _decode(codes, self.kind, self.bits, _looks_up(self.bits, self.lookup))
 
     def _block_values(self, rows: slice = slice(None)) -> Array:
         # Block normalisation: the values in rows of `block_size` (with the
@@ -200,7 +205,7 @@ class QuantizedArray(eqx.Module):
 
 @no_type_check
 def is_quantized(x: Any) -> bool:
-    """Whether `x` is a [`eqopt.QuantizedArray`][]."""
+    """Whether `x` is a `eqopt.QuantizedArray`."""
     return isinstance(x, QuantizedArray)
 
 
@@ -379,10 +384,17 @@ def _quantized_rows(olds, news, cut):
         )
         return _joined(first, last)
 
+    # The new moment keeps the old one's way of decoding (`lookup`).
     return [
-        quantized(index, old, new)
+        _with_lookup(quantized(index, old, new), old.lookup)
         for index, (old, new) in enumerate(zip(olds, news, strict=True))
     ]
+
+
+@no_type_check
+def _with_lookup(x, lookup):
+    """`x` with its static field `lookup` set (`x` itself if it is set already)."""
+    return x if x.lookup == lookup else dataclasses.replace(x, lookup=lookup)
 
 
 @no_type_check

@@ -25,7 +25,7 @@ def _block_rows(u: Any, rest: Any) -> int | None:
     sizes = {x.block_size for x in quantized}
     if len(sizes) != 1 or not eqx.is_array(u) or explicit_sharding(u) is not None:
         return None
-    if not any(x.kind == "dynamic" and _looks_up(x.bits) for x in quantized):
+    if not any(x.kind == "dynamic" and _looks_up(x.bits, x.lookup) for x in quantized):
         return None
     (block,) = sizes
     if any(

@@ -1,4 +1,4 @@
-"""The storage format of quantised moments: [`eqopt.Quantized`][], and the test for it."""
+"""The storage format of quantised moments: `eqopt.Quantized`, and the test for it."""
 
 import dataclasses
 from typing import Any, Literal, no_type_check
@@ -11,10 +11,10 @@ class Quantized:
     """A storage format for optimiser moments: 8-bit or 4-bit codes with scales.
 
     Pass it wherever a moment dtype is accepted (`mu_dtype`, `nu_dtype` of
-    [`eqopt.adam`][], [`eqopt.adamw`][], [`eqopt.lion`][], [`eqopt.rmsprop`][],
-    [`eqopt.contrib.ademamix`][], [`eqopt.contrib.muon`][]...). Each moment leaf
+    `eqopt.adam`, `eqopt.adamw`, `eqopt.lion`, `eqopt.rmsprop`,
+    `eqopt.contrib.ademamix`, `eqopt.contrib.muon`...). Each moment leaf
     of at least `min_size` elements is then stored as a
-    [`eqopt.QuantizedArray`][]: one code per element and float32 scales, one
+    `eqopt.QuantizedArray`: one code per element and float32 scales, one
     per block of `block_size` elements (the block's absolute maximum) or, with
     rank-1 normalisation, one per row and per column. Smaller leaves (biases,
     norms' scales) stay in float32, as bitsandbytes keeps them: they cost
@@ -54,7 +54,7 @@ class Quantized:
     its decade ($0.45 / 2^i$ of $10^{i-b+2}$); stochastic rounding errs by less
     than a whole step and by nothing on average. See the tests for the bounds.
 
-    On a packed model ([`eqopt.pack`][], [`eqopt.bucketed`][]) a moment is by
+    On a packed model (`eqopt.pack`, `eqopt.bucketed`) a moment is by
     default quantised as one array per buffer (`packed_blocks="buffer"`): the
     step runs on the buffers as they are, as float32 Adam's does, where
     cutting the model into leaves and gluing the update back made a packed
@@ -162,11 +162,11 @@ class Quantized:
         return "stochastic" if self.bits == 4 else "nearest"
 
 
-#: A moment's storage: a dtype, `None` (the params'), or a [`eqopt.Quantized`][] format.
+#: A moment's storage: a dtype, `None` (the params'), or a `eqopt.Quantized` format.
 MomentDType = DTypeLike | Quantized | None
 
 
 @no_type_check  # called once per leaf at trace time
 def is_quantized_format(dtype: Any) -> bool:
-    """Whether a moment dtype is a [`eqopt.Quantized`][] format."""
+    """Whether a moment dtype is a `eqopt.Quantized` format."""
     return isinstance(dtype, Quantized)

@@ -12,14 +12,8 @@ from typing import Any, no_type_check
 import jax
 import jax.numpy as jnp
 
-from .._base import (
-    Params,
-    Updates,
-    is_none,
-    is_trainable,
-    path_str,
-    structure_mismatch_message,
-)
+from .._base import Params, Updates, is_none, is_trainable, path_str
+from .._structure import structure_mismatch_message
 
 
 @no_type_check

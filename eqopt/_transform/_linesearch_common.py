@@ -18,20 +18,16 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from .. import _sharding
-from .._base import (
-    Params,
-    Updates,
-    check_updates,
-    is_none,
-    path_str,
-    zeros_like_trainable,
-)
+from .._base import Params, Updates, is_none, path_str
+from .._checks import check_updates
 from .._hyper import (
     Scalar,
     ScalarLike,
     as_scalar,
     check_hyperparameter,
 )
+from .._leafwise import zeros_like_trainable
+from .._typecheck import checked
 from ..tree._state import get_all_with_path
 
 # ---------------------------------------------------------------------------
@@ -242,6 +238,7 @@ def _run_search(
 # ---------------------------------------------------------------------------
 
 
+@checked
 def value_and_grad_from_state(
     value_fn: Callable[..., Any],
 ) -> Callable[..., tuple[Float[Array, ""], Updates]]:
@@ -251,7 +248,7 @@ def value_and_grad_from_state(
     accepts, which are the value and gradient at the next params. The returned
     function `value_and_grad(params, *args, state, **kwargs)` reads them from
     the optimiser state (the one `value` and `grad` found in it, at any depth,
-    e.g. in [`eqopt.ScaleByZoomLinesearchState`][] inside an L-BFGS chain) and
+    e.g. in `eqopt.ScaleByZoomLinesearchState` inside an L-BFGS chain) and
     computes them with `eqx.filter_value_and_grad` only when the stored value
     is not finite (before the first step). Use it for deterministic objectives
     only: with a new batch each step the stored values are stale.

@@ -5,14 +5,9 @@ from typing import Any, no_type_check
 import equinox as eqx
 import jax.numpy as jnp
 
-from .._base import (
-    AbstractGradientTransformation,
-    Params,
-    Updates,
-    full_like_trainable_real,
-    leafwise,
-)
+from .._base import AbstractGradientTransformation, Params, Updates
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._filters import FilterSpec
 from .._hyper import (
     Scalar,
@@ -22,13 +17,16 @@ from .._hyper import (
     check_decays,
     check_hyperparameter,
 )
+from .._leafwise import full_like_trainable_real, leafwise
 from .._numerics import abs_squared
+from .._typecheck import checked
 from .basic import ScaleByLearningRate
 from .decay import AddDecayedWeights
 
 
+@checked
 class ScaleByAdadeltaState(eqx.Module):
-    r"""The state of [`eqopt.ScaleByAdadelta`][].
+    r"""The state of `eqopt.ScaleByAdadelta`.
 
     `e_g` is $E[g^2]$, the running average of squared gradients, and `e_x` is
     $E[\Delta x^2]$, the running average of squared steps (Optax's field names).
@@ -38,6 +36,7 @@ class ScaleByAdadeltaState(eqx.Module):
     e_x: Updates
 
 
+@checked
 class ScaleByAdadelta(AbstractGradientTransformation):
     r"""Rescales updates with Adadelta's ratio of root mean squares.
 
@@ -50,8 +49,8 @@ class ScaleByAdadelta(AbstractGradientTransformation):
     $$
 
     The output is $\Delta_t$, in the direction of the gradient: follow it with
-    a negative scaling ([`eqopt.ScaleByLearningRate`][]) to descend, as
-    [`eqopt.adadelta`][] does. The running averages are real, also for complex
+    a negative scaling (`eqopt.ScaleByLearningRate`) to descend, as
+    `eqopt.adadelta` does. The running averages are real, also for complex
     updates.
 
     **Arguments:**
@@ -74,12 +73,14 @@ class ScaleByAdadelta(AbstractGradientTransformation):
         check_decays(self, "rho")
         check_hyperparameter("eps", self.eps, low=0.0)
 
+    @init_entry
     def init(self, params: Params) -> ScaleByAdadeltaState:
         return ScaleByAdadeltaState(
             e_g=full_like_trainable_real(params, 0.0),
             e_x=full_like_trainable_real(params, 0.0),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -101,11 +102,13 @@ class ScaleByAdadelta(AbstractGradientTransformation):
         return updates, ScaleByAdadeltaState(e_g=e_g, e_x=e_x)
 
 
+@checked
 def scale_by_adadelta(rho: ScalarLike = 0.9, eps: ScalarLike = 1e-6) -> ScaleByAdadelta:
-    """Optax spelling of [`eqopt.ScaleByAdadelta`][]."""
+    """Optax spelling of `eqopt.ScaleByAdadelta`."""
     return ScaleByAdadelta(rho=rho, eps=eps)
 
 
+@checked
 def adadelta(
     learning_rate: ScalarOrSchedule | None = None,
     rho: ScalarLike = 0.9,
@@ -120,10 +123,10 @@ def adadelta(
           \big(g_t + \lambda\, \theta_{t-1}\big)
     $$
 
-    with the running averages of [`eqopt.ScaleByAdadelta`][], which see the
-    decayed gradient. The chain is [`eqopt.AddDecayedWeights`][],
-    [`eqopt.ScaleByAdadelta`][], [`eqopt.ScaleByLearningRate`][];
-    `weight_decay_mask` is an Equinox filter spec as in [`eqopt.adamw`][] (a
+    with the running averages of `eqopt.ScaleByAdadelta`, which see the
+    decayed gradient. The chain is `eqopt.AddDecayedWeights`,
+    `eqopt.ScaleByAdadelta`, `eqopt.ScaleByLearningRate`;
+    `weight_decay_mask` is an Equinox filter spec as in `eqopt.adamw` (a
     callable is a per-leaf predicate).
 
     !!! note "Differs from Optax"
@@ -136,11 +139,11 @@ def adadelta(
 
     - `learning_rate`: $\eta$, a number or a schedule of the step count;
       `None` for the paper's $\eta = 1$.
-    - `rho`, `eps`: as [`eqopt.ScaleByAdadelta`][].
+    - `rho`, `eps`: as `eqopt.ScaleByAdadelta`.
     - `weight_decay`: $\lambda$, added to the gradient before the scaling.
     - `weight_decay_mask`: the filter spec of the leaves to decay (default: all).
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     !!! example
 

@@ -7,15 +7,10 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, Int
 
-from .._base import (
-    AbstractGradientTransformation,
-    Params,
-    Updates,
-    full_like_trainable_real,
-    leafwise,
-    zeros_like_trainable,
-)
+from .._base import AbstractGradientTransformation, Params, Updates
+from .._entry import init_entry, update_entry
 from .._hyper import Scalar, ScalarLike, as_scalar, check_decays, check_hyperparameter
+from .._leafwise import full_like_trainable_real, leafwise, zeros_like_trainable
 from .._numerics import abs_squared, debias, safe_int32_increment
 from .._quantize import (
     MomentDType,
@@ -25,6 +20,7 @@ from .._quantize import (
     moment_like,
     quantized_on_buffers,
 )
+from .._typecheck import checked
 
 Moments = Updates
 
@@ -48,14 +44,16 @@ def _check_adam_hyperparameters(module: "ScaleByAdam | ScaleByAmsgrad") -> None:
     check_hyperparameter("eps_root", module.eps_root, low=0.0)
 
 
+@checked
 class ScaleByAdamState(eqx.Module):
-    """The state of [`eqopt.ScaleByAdam`][]: step count and the two moments."""
+    """The state of `eqopt.ScaleByAdam`: step count and the two moments."""
 
     count: Int[Array, ""]
     mu: Moments
     nu: Moments
 
 
+@checked
 class ScaleByAdam(AbstractGradientTransformation):
     r"""Rescales updates by Adam's bias-corrected moment estimates.
 
@@ -81,8 +79,8 @@ class ScaleByAdam(AbstractGradientTransformation):
     - `eps_root`: added inside the square root (useful when differentiating
       through the update).
     - `mu_dtype`: dtype to store the first moment in (default: the params'),
-      or a [`eqopt.Quantized`][] format (8-bit or 4-bit codes).
-    - `nu_dtype`: dtype or [`eqopt.Quantized`][] format to store the second
+      or a `eqopt.Quantized` format (8-bit or 4-bit codes).
+    - `nu_dtype`: dtype or `eqopt.Quantized` format to store the second
       moment in (default: the params'). Optax has no such option.
     - `nesterov`: use Nesterov momentum (NAdam).
 
@@ -119,6 +117,7 @@ class ScaleByAdam(AbstractGradientTransformation):
     def __check_init__(self):
         _check_adam_hyperparameters(self)
 
+    @init_entry
     def init(self, params: Params) -> ScaleByAdamState:
         return ScaleByAdamState(
             count=jnp.zeros([], jnp.int32),
@@ -126,6 +125,7 @@ class ScaleByAdam(AbstractGradientTransformation):
             nu=_second_moment_zeros(params, self.nu_dtype),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -170,6 +170,7 @@ class ScaleByAdam(AbstractGradientTransformation):
         return updates, ScaleByAdamState(count=count, mu=mu, nu=nu)
 
 
+@checked
 def scale_by_adam(
     b1: ScalarLike = 0.9,
     b2: ScalarLike = 0.999,
@@ -180,7 +181,7 @@ def scale_by_adam(
     nesterov: bool = False,
     nu_dtype: MomentDType = None,
 ) -> ScaleByAdam:
-    """Optax spelling of [`eqopt.ScaleByAdam`][] (`nu_dtype` is eqopt's addition)."""
+    """Optax spelling of `eqopt.ScaleByAdam` (`nu_dtype` is eqopt's addition)."""
     return ScaleByAdam(
         b1=b1,
         b2=b2,
@@ -192,8 +193,9 @@ def scale_by_adam(
     )
 
 
+@checked
 class ScaleByAmsgradState(eqx.Module):
-    """The state of [`eqopt.ScaleByAmsgrad`][]: moments and the running maximum of $\\hat v$."""
+    """The state of `eqopt.ScaleByAmsgrad`: moments and the running maximum of $\\hat v$."""
 
     count: Int[Array, ""]
     mu: Moments
@@ -201,6 +203,7 @@ class ScaleByAmsgradState(eqx.Module):
     nu_max: Moments
 
 
+@checked
 class ScaleByAmsgrad(AbstractGradientTransformation):
     r"""Rescales updates with AMSGrad: Adam with a non-decreasing second moment.
 
@@ -211,7 +214,7 @@ class ScaleByAmsgrad(AbstractGradientTransformation):
 
     with $\hat m_t, \hat v_t$ the bias-corrected moments of Adam.
 
-    **Arguments:** as [`eqopt.ScaleByAdam`][] (without `nesterov`), and
+    **Arguments:** as `eqopt.ScaleByAdam` (without `nesterov`), and
 
     - `bias_correction_mu`, `bias_correction_nu`: whether to divide each moment
       by $1 - \beta^t$ (both `True` by default).
@@ -235,6 +238,7 @@ class ScaleByAmsgrad(AbstractGradientTransformation):
     def __check_init__(self):
         _check_adam_hyperparameters(self)
 
+    @init_entry
     def init(self, params: Params) -> ScaleByAmsgradState:
         return ScaleByAmsgradState(
             count=jnp.zeros([], jnp.int32),
@@ -243,6 +247,7 @@ class ScaleByAmsgrad(AbstractGradientTransformation):
             nu_max=full_like_trainable_real(params, 0.0),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -273,6 +278,7 @@ class ScaleByAmsgrad(AbstractGradientTransformation):
         return updates, ScaleByAmsgradState(count=count, mu=mu, nu=nu, nu_max=nu_max)
 
 
+@checked
 def scale_by_amsgrad(
     b1: ScalarLike = 0.9,
     b2: ScalarLike = 0.999,
@@ -282,7 +288,7 @@ def scale_by_amsgrad(
     bias_correction_mu: bool = True,
     bias_correction_nu: bool = True,
 ) -> ScaleByAmsgrad:
-    """Optax spelling of [`eqopt.ScaleByAmsgrad`][]."""
+    """Optax spelling of `eqopt.ScaleByAmsgrad`."""
     return ScaleByAmsgrad(
         b1=b1,
         b2=b2,
@@ -294,14 +300,16 @@ def scale_by_amsgrad(
     )
 
 
+@checked
 class ScaleByAdamaxState(eqx.Module):
-    """The state of [`eqopt.ScaleByAdamax`][]: first moment and infinity norm."""
+    """The state of `eqopt.ScaleByAdamax`: first moment and infinity norm."""
 
     count: Int[Array, ""]
     mu: Moments
     nu: Moments
 
 
+@checked
 class ScaleByAdamax(AbstractGradientTransformation):
     r"""Rescales updates with AdaMax, Adam's infinity-norm variant.
 
@@ -332,6 +340,7 @@ class ScaleByAdamax(AbstractGradientTransformation):
         check_decays(self, "b1", "b2")
         check_hyperparameter("eps", self.eps, low=0.0)
 
+    @init_entry
     def init(self, params: Params) -> ScaleByAdamaxState:
         return ScaleByAdamaxState(
             count=jnp.zeros([], jnp.int32),
@@ -339,6 +348,7 @@ class ScaleByAdamax(AbstractGradientTransformation):
             nu=zeros_like_trainable(params),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -361,8 +371,9 @@ class ScaleByAdamax(AbstractGradientTransformation):
         return updates, ScaleByAdamaxState(count=count, mu=mu, nu=nu)
 
 
+@checked
 def scale_by_adamax(
     b1: ScalarLike = 0.9, b2: ScalarLike = 0.999, eps: ScalarLike = 1e-8
 ) -> ScaleByAdamax:
-    """Optax spelling of [`eqopt.ScaleByAdamax`][]."""
+    """Optax spelling of `eqopt.ScaleByAdamax`."""
     return ScaleByAdamax(b1=b1, b2=b2, eps=eps)

@@ -6,15 +6,9 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from .._base import (
-    AbstractGradientTransformation,
-    Params,
-    Updates,
-    full_like_trainable_real,
-    leafwise,
-    zeros_like_trainable,
-)
+from .._base import AbstractGradientTransformation, Params, Updates
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._filters import FilterSpec
 from .._hyper import (
     Scalar,
@@ -24,13 +18,16 @@ from .._hyper import (
     check_decays,
     check_hyperparameter,
 )
+from .._leafwise import full_like_trainable_real, leafwise, zeros_like_trainable
 from .._numerics import abs_squared, debias, safe_int32_increment
+from .._typecheck import checked
 from .basic import ScaleByLearningRate
 from .decay import AddDecayedWeights
 
 
+@checked
 class ScaleByAdanState(eqx.Module):
-    """The state of [`eqopt.ScaleByAdan`][] (Optax's field names).
+    """The state of `eqopt.ScaleByAdan` (Optax's field names).
 
     `m`, `v`, `n` are the running averages of the gradient, of the gradient
     difference and of the squared Nesterov gradient; `g` is the previous
@@ -44,6 +41,7 @@ class ScaleByAdanState(eqx.Module):
     t: Int[Array, ""]
 
 
+@checked
 class ScaleByAdan(AbstractGradientTransformation):
     r"""Rescales updates with Adan's Nesterov momentum estimate.
 
@@ -96,6 +94,7 @@ class ScaleByAdan(AbstractGradientTransformation):
         check_hyperparameter("eps", self.eps, low=0.0)
         check_hyperparameter("eps_root", self.eps_root, low=0.0)
 
+    @init_entry
     def init(self, params: Params) -> ScaleByAdanState:
         return ScaleByAdanState(
             m=zeros_like_trainable(params),
@@ -105,6 +104,7 @@ class ScaleByAdan(AbstractGradientTransformation):
             t=jnp.zeros([], jnp.int32),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -136,6 +136,7 @@ class ScaleByAdan(AbstractGradientTransformation):
         return updates, ScaleByAdanState(m=m, v=v, n=n, g=g, t=count)
 
 
+@checked
 def scale_by_adan(
     b1: ScalarLike = 0.98,
     b2: ScalarLike = 0.92,
@@ -143,10 +144,11 @@ def scale_by_adan(
     eps: ScalarLike = 1e-8,
     eps_root: ScalarLike = 0.0,
 ) -> ScaleByAdan:
-    """Optax spelling of [`eqopt.ScaleByAdan`][]."""
+    """Optax spelling of `eqopt.ScaleByAdan`."""
     return ScaleByAdan(b1=b1, b2=b2, b3=b3, eps=eps, eps_root=eps_root)
 
 
+@checked
 def adan(
     learning_rate: ScalarOrSchedule,
     b1: ScalarLike = 0.98,
@@ -165,22 +167,22 @@ def adan(
                          + \lambda\, \theta_{t-1} \right)
     $$
 
-    with the moments of [`eqopt.ScaleByAdan`][] (which follows the paper
+    with the moments of `eqopt.ScaleByAdan` (which follows the paper
     where Optax 0.2.8 does not; see there). The weight decay is AdamW's, as in
     Optax and the authors' `no_prox=True` option, not the paper's proximal
-    $\theta / (1 + \lambda \eta)$. The chain is [`eqopt.ScaleByAdan`][],
-    [`eqopt.AddDecayedWeights`][], [`eqopt.ScaleByLearningRate`][]; `mask` is an
-    Equinox filter spec as in [`eqopt.adamw`][].
+    $\theta / (1 + \lambda \eta)$. The chain is `eqopt.ScaleByAdan`,
+    `eqopt.AddDecayedWeights`, `eqopt.ScaleByLearningRate`; `mask` is an
+    Equinox filter spec as in `eqopt.adamw`.
 
     **Arguments:**
 
     - `learning_rate`: $\eta$, a number or a schedule of the step count.
-    - `b1`, `b2`, `b3`, `eps`, `eps_root`: as [`eqopt.ScaleByAdan`][] (note
+    - `b1`, `b2`, `b3`, `eps`, `eps_root`: as `eqopt.ScaleByAdan` (note
       `eps_root` defaults to `1e-8` here, as in Optax).
     - `weight_decay`: $\lambda$, a number or a schedule.
     - `mask`: the filter spec of the leaves to decay (default: all).
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     !!! example
 

@@ -15,6 +15,7 @@ from .._base import (
     Params,
     Updates,
 )
+from .._entry import init_entry, update_entry
 from .._hyper import (
     IntScalar,
     Scalar,
@@ -23,6 +24,7 @@ from .._hyper import (
     as_scalar,
     check_hyperparameter,
 )
+from .._typecheck import checked
 from ._linesearch_common import (
     _along,
     _check_real_scalar,
@@ -41,6 +43,7 @@ from ._linesearch_common import (
 # ---------------------------------------------------------------------------
 
 
+@checked
 class BacktrackingLinesearchInfo(eqx.Module):
     """What the last backtracking line search did, for diagnosis.
 
@@ -53,15 +56,16 @@ class BacktrackingLinesearchInfo(eqx.Module):
     decrease_error: Float[Array, ""]
 
 
+@checked
 class ScaleByBacktrackingLinesearchState(eqx.Module):
-    """The state of [`eqopt.ScaleByBacktrackingLinesearch`][].
+    """The state of `eqopt.ScaleByBacktrackingLinesearch`.
 
     - `learning_rate`: the step size chosen by the last search (the next search
       starts from it times `increase_factor`); 1 before the first step.
     - `value`: the objective at the chosen step, i.e. at the new params
       ($+\\infty$ before the first step).
     - `grad`: the gradient there with `store_grad=True`, else `None`.
-    - `info`: a [`eqopt.BacktrackingLinesearchInfo`][].
+    - `info`: a `eqopt.BacktrackingLinesearchInfo`.
     """
 
     learning_rate: Float[Array, ""]
@@ -81,6 +85,7 @@ class _BacktrackingSearch(eqx.Module):
     done: Bool[Array, ""]
 
 
+@checked
 class ScaleByBacktrackingLinesearch(AbstractGradientTransformation):
     r"""Scales the updates by a step size found by backtracking (Armijo's rule).
 
@@ -113,7 +118,7 @@ class ScaleByBacktrackingLinesearch(AbstractGradientTransformation):
     - `max_learning_rate`: $\eta_{\max}$, also the first guess.
     - `atol`, `rtol`: the tolerances $\epsilon$ and $\delta$.
     - `store_grad`: also compute the gradient at the chosen step and keep it in
-      the state with the value, so that [`eqopt.value_and_grad_from_state`][]
+      the state with the value, so that `eqopt.value_and_grad_from_state`
       can reuse both on deterministic objectives.
     - `verbose`: print a line when a search fails.
 
@@ -153,6 +158,7 @@ class ScaleByBacktrackingLinesearch(AbstractGradientTransformation):
         check_hyperparameter("atol", self.atol, low=0.0)
         check_hyperparameter("rtol", self.rtol, low=0.0)
 
+    @init_entry
     def init(self, params: Params) -> ScaleByBacktrackingLinesearchState:
         real = _real_dtype()
         return ScaleByBacktrackingLinesearchState(
@@ -165,6 +171,7 @@ class ScaleByBacktrackingLinesearch(AbstractGradientTransformation):
             ),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -266,6 +273,7 @@ def _report_backtracking(done, count, slope_init, decrease_error):
     )
 
 
+@checked
 def scale_by_backtracking_linesearch(
     max_backtracking_steps: int,
     slope_rtol: ScalarLike = 1e-4,
@@ -277,7 +285,7 @@ def scale_by_backtracking_linesearch(
     store_grad: bool = False,
     verbose: bool = False,
 ) -> ScaleByBacktrackingLinesearch:
-    """Optax spelling of [`eqopt.ScaleByBacktrackingLinesearch`][]."""
+    """Optax spelling of `eqopt.ScaleByBacktrackingLinesearch`."""
     return ScaleByBacktrackingLinesearch(
         max_backtracking_steps=max_backtracking_steps,
         slope_rtol=slope_rtol,

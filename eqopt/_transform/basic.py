@@ -14,10 +14,10 @@ from .._base import (
     OptState,
     Params,
     Updates,
-    check_updates,
     is_none,
-    leafwise,
 )
+from .._checks import check_updates
+from .._entry import init_entry, update_entry
 from .._hyper import (
     Scalar,
     ScalarLike,
@@ -28,14 +28,17 @@ from .._hyper import (
     check_hyperparameter,
 )
 from .._interop import as_transform
+from .._leafwise import leafwise
 from .._numerics import safe_int32_increment
 from .._scheduled import (
     ScaleByScheduleState,
     current_value,
     init_count_if_scheduled,
 )
+from .._typecheck import checked
 
 
+@checked
 class Identity(AbstractGradientTransformation):
     """Returns the updates unchanged."""
 
@@ -43,9 +46,11 @@ class Identity(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return True
 
+    @init_entry
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -56,24 +61,28 @@ class Identity(AbstractGradientTransformation):
         return updates, state
 
 
+@checked
 def identity() -> Identity:
-    """Optax spelling of [`eqopt.Identity`][]."""
+    """Optax spelling of `eqopt.Identity`."""
     return Identity()
 
 
+@checked
 class SetToZero(AbstractGradientTransformation):
     """Replaces every update with zeros (of the same shape and dtype).
 
-    Used to freeze parameters: see [`eqopt.freeze`][].
+    Used to freeze parameters: see `eqopt.freeze`.
     """
 
     @property
     def elementwise(self) -> bool:
         return True
 
+    @init_entry
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -84,11 +93,13 @@ class SetToZero(AbstractGradientTransformation):
         return leafwise(jnp.zeros_like, updates), state
 
 
+@checked
 def set_to_zero() -> SetToZero:
-    """Optax spelling of [`eqopt.SetToZero`][]."""
+    """Optax spelling of `eqopt.SetToZero`."""
     return SetToZero()
 
 
+@checked
 def init_empty_state(params: Params) -> EmptyState:
     """An `init` function for stateless transforms: returns `EmptyState()`."""
     del params
@@ -105,6 +116,7 @@ def _params_like(updates: Updates, params: Params | None) -> Params | None:
     )
 
 
+@checked
 class Stateless(AbstractGradientTransformation):
     """A stateless transform from a function `f(updates, params) -> updates`.
 
@@ -124,9 +136,11 @@ class Stateless(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return False
 
+    @init_entry
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -137,11 +151,13 @@ class Stateless(AbstractGradientTransformation):
         return self.f(updates, _params_like(updates, params)), state
 
 
+@checked
 def stateless(f: Callable[[Updates, Params | None], Updates]) -> Stateless:
-    """Optax spelling of [`eqopt.Stateless`][]."""
+    """Optax spelling of `eqopt.Stateless`."""
     return Stateless(f=f)
 
 
+@checked
 class StatelessWithTreeMap(AbstractGradientTransformation):
     """A stateless transform applying `f(update, param) -> update` to each leaf.
 
@@ -159,9 +175,11 @@ class StatelessWithTreeMap(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return False
 
+    @init_entry
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -174,17 +192,19 @@ class StatelessWithTreeMap(AbstractGradientTransformation):
         return leafwise(self.f, updates, _params_like(updates, params)), state
 
 
+@checked
 def stateless_with_tree_map(f: Callable[[Array, Any], Array]) -> StatelessWithTreeMap:
-    """Optax spelling of [`eqopt.StatelessWithTreeMap`][]."""
+    """Optax spelling of `eqopt.StatelessWithTreeMap`."""
     return StatelessWithTreeMap(f=f)
 
 
+@checked
 def with_extra_args_support(tx: Any) -> AbstractGradientTransformation:
     """Makes a transform accept extra keyword arguments in `update`.
 
     Every eqopt transform already does, so eqopt transforms are returned
     unchanged; an Optax-style `(init, update)` pair is wrapped in
-    [`eqopt.GradientTransformation`][], which drops extra arguments that its
+    `eqopt.GradientTransformation`, which drops extra arguments that its
     `update` function does not take.
     """
     return as_transform(tx)
@@ -205,6 +225,7 @@ def _scale_leaf(g, factor):
     return factor.astype(g.dtype) * g
 
 
+@checked
 class Scale(AbstractGradientTransformation):
     r"""Multiplies the updates by a fixed factor.
 
@@ -224,9 +245,11 @@ class Scale(AbstractGradientTransformation):
     def __check_init__(self):
         check_hyperparameter("step_size", self.step_size)
 
+    @init_entry
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -237,11 +260,13 @@ class Scale(AbstractGradientTransformation):
         return leafwise(lambda g: _scale_leaf(g, self.step_size), updates), state
 
 
+@checked
 def scale(step_size: ScalarLike) -> Scale:
-    """Optax spelling of [`eqopt.Scale`][]."""
+    """Optax spelling of `eqopt.Scale`."""
     return Scale(step_size=step_size)
 
 
+@checked
 class ScaleBySchedule(AbstractGradientTransformation):
     r"""Multiplies the updates by a schedule evaluated at the step count.
 
@@ -258,9 +283,11 @@ class ScaleBySchedule(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return True
 
+    @init_entry
     def init(self, params: Params) -> ScaleByScheduleState:
         return ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -273,11 +300,13 @@ class ScaleBySchedule(AbstractGradientTransformation):
         return updates, ScaleByScheduleState(count=safe_int32_increment(state.count))
 
 
+@checked
 def scale_by_schedule(step_size_fn: Schedule) -> ScaleBySchedule:
-    """Optax spelling of [`eqopt.ScaleBySchedule`][]."""
+    """Optax spelling of `eqopt.ScaleBySchedule`."""
     return ScaleBySchedule(step_size_fn=step_size_fn)
 
 
+@checked
 class ScaleByLearningRate(AbstractGradientTransformation):
     r"""Multiplies the updates by the learning rate, negated by default.
 
@@ -307,9 +336,11 @@ class ScaleByLearningRate(AbstractGradientTransformation):
     def __check_init__(self):
         check_hyperparameter("learning_rate", self.learning_rate)
 
+    @init_entry
     def init(self, params: Params) -> OptState:
         return init_count_if_scheduled(self.learning_rate)
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -331,8 +362,9 @@ class ScaleByLearningRate(AbstractGradientTransformation):
         return updates, new_state
 
 
+@checked
 def scale_by_learning_rate(
     learning_rate: ScalarOrSchedule | None = None, *, flip_sign: bool = True
 ) -> ScaleByLearningRate:
-    """Optax spelling of [`eqopt.ScaleByLearningRate`][]."""
+    """Optax spelling of `eqopt.ScaleByLearningRate`."""
     return ScaleByLearningRate(learning_rate=learning_rate, flip_sign=flip_sign)

@@ -6,15 +6,9 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from .._base import (
-    AbstractGradientTransformation,
-    Params,
-    Updates,
-    full_like_trainable_real,
-    leafwise,
-    zeros_like_trainable,
-)
+from .._base import AbstractGradientTransformation, Params, Updates
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._hyper import (
     Scalar,
     ScalarLike,
@@ -23,18 +17,22 @@ from .._hyper import (
     check_decays,
     check_hyperparameter,
 )
+from .._leafwise import full_like_trainable_real, leafwise, zeros_like_trainable
 from .._numerics import abs_squared, debias, safe_int32_increment
+from .._typecheck import checked
 from .basic import ScaleByLearningRate
 
 
+@checked
 class ScaleByBeliefState(eqx.Module):
-    """The state of [`eqopt.ScaleByBelief`][]: the step count, $m$ and $s$."""
+    """The state of `eqopt.ScaleByBelief`: the step count, $m$ and $s$."""
 
     count: Int[Array, ""]
     mu: Updates
     nu: Updates
 
 
+@checked
 class ScaleByBelief(AbstractGradientTransformation):
     r"""Rescales updates by AdaBelief's belief in the gradient.
 
@@ -83,6 +81,7 @@ class ScaleByBelief(AbstractGradientTransformation):
         check_hyperparameter("eps", self.eps, low=0.0)
         check_hyperparameter("eps_root", self.eps_root, low=0.0)
 
+    @init_entry
     def init(self, params: Params) -> ScaleByBeliefState:
         return ScaleByBeliefState(
             count=jnp.zeros([], jnp.int32),
@@ -90,6 +89,7 @@ class ScaleByBelief(AbstractGradientTransformation):
             nu=full_like_trainable_real(params, 0.0),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -120,6 +120,7 @@ class ScaleByBelief(AbstractGradientTransformation):
         return updates, ScaleByBeliefState(count=count, mu=mu, nu=nu)
 
 
+@checked
 def scale_by_belief(
     b1: ScalarLike = 0.9,
     b2: ScalarLike = 0.999,
@@ -128,10 +129,11 @@ def scale_by_belief(
     *,
     nesterov: bool = False,
 ) -> ScaleByBelief:
-    """Optax spelling of [`eqopt.ScaleByBelief`][]."""
+    """Optax spelling of `eqopt.ScaleByBelief`."""
     return ScaleByBelief(b1=b1, b2=b2, eps=eps, eps_root=eps_root, nesterov=nesterov)
 
 
+@checked
 def adabelief(
     learning_rate: ScalarOrSchedule,
     b1: ScalarLike = 0.9,
@@ -149,14 +151,14 @@ def adabelief(
     $$
 
     with $\hat m_t, \hat s_t$ the bias-corrected moments. The chain is
-    [`eqopt.ScaleByBelief`][], then [`eqopt.ScaleByLearningRate`][].
+    `eqopt.ScaleByBelief`, then `eqopt.ScaleByLearningRate`.
 
     **Arguments:**
 
     - `learning_rate`: $\eta$, a number or a schedule of the step count.
-    - `b1`, `b2`, `eps`, `eps_root`, `nesterov`: as [`eqopt.ScaleByBelief`][].
+    - `b1`, `b2`, `eps`, `eps_root`, `nesterov`: as `eqopt.ScaleByBelief`.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     !!! example
 

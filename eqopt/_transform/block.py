@@ -18,12 +18,13 @@ from .._base import (
     Params,
     Updates,
     is_none,
-    leafwise,
     path_str,
-    require_params,
 )
+from .._entry import init_entry, update_entry
 from .._hyper import Scalar, as_scalar, check_hyperparameter
+from .._leafwise import leafwise, require_params
 from .._numerics import abs_squared, tree_l2_norm
+from .._typecheck import checked
 
 # ---------------------------------------------------------------------------
 # Per-leaf helpers (unchecked: they run once per leaf at trace time)
@@ -70,9 +71,11 @@ class _AbstractScaleByParamBlock(AbstractGradientTransformation):
     def __check_init__(self):
         check_hyperparameter("min_scale", self.min_scale, low=0.0)
 
+    @init_entry
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -90,6 +93,7 @@ class _AbstractScaleByParamBlock(AbstractGradientTransformation):
         return leafwise(step, updates, params), state
 
 
+@checked
 class ScaleByParamBlockNorm(_AbstractScaleByParamBlock):
     r"""Multiplies each leaf's update by the L2 norm of that leaf of the parameters.
 
@@ -113,11 +117,13 @@ class ScaleByParamBlockNorm(_AbstractScaleByParamBlock):
     _name: ClassVar[str] = "scale_by_param_block_norm"
 
 
+@checked
 def scale_by_param_block_norm(min_scale: Any = 1e-3) -> ScaleByParamBlockNorm:
-    """Optax spelling of [`eqopt.ScaleByParamBlockNorm`][]."""
+    """Optax spelling of `eqopt.ScaleByParamBlockNorm`."""
     return ScaleByParamBlockNorm(min_scale=min_scale)
 
 
+@checked
 class ScaleByParamBlockRms(_AbstractScaleByParamBlock):
     r"""Multiplies each leaf's update by the root mean square of that leaf of the parameters.
 
@@ -141,8 +147,9 @@ class ScaleByParamBlockRms(_AbstractScaleByParamBlock):
     _name: ClassVar[str] = "scale_by_param_block_rms"
 
 
+@checked
 def scale_by_param_block_rms(min_scale: Any = 1e-3) -> ScaleByParamBlockRms:
-    """Optax spelling of [`eqopt.ScaleByParamBlockRms`][]."""
+    """Optax spelling of `eqopt.ScaleByParamBlockRms`."""
     return ScaleByParamBlockRms(min_scale=min_scale)
 
 
@@ -151,6 +158,7 @@ def scale_by_param_block_rms(min_scale: Any = 1e-3) -> ScaleByParamBlockRms:
 # ---------------------------------------------------------------------------
 
 
+@checked
 class ClipByBlockRms(AbstractGradientTransformation):
     r"""Scales each leaf's update down so that its root mean square is at most `threshold`.
 
@@ -176,9 +184,11 @@ class ClipByBlockRms(AbstractGradientTransformation):
     def __check_init__(self):
         check_hyperparameter("threshold", self.threshold, low=0.0, low_inclusive=False)
 
+    @init_entry
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -196,8 +206,9 @@ class ClipByBlockRms(AbstractGradientTransformation):
         return leafwise(step, updates), state
 
 
+@checked
 def clip_by_block_rms(threshold: Any) -> ClipByBlockRms:
-    """Optax spelling of [`eqopt.ClipByBlockRms`][]."""
+    """Optax spelling of `eqopt.ClipByBlockRms`."""
     return ClipByBlockRms(threshold=threshold)
 
 
@@ -248,6 +259,7 @@ def _as_axes(
     return tuple(axis) if isinstance(axis, list) else axis
 
 
+@checked
 class AdaptiveGradClip(AbstractGradientTransformation):
     r"""Adaptive gradient clipping (AGC): clips each unit's update relative to its weights' norm.
 
@@ -272,7 +284,7 @@ class AdaptiveGradClip(AbstractGradientTransformation):
         therefore takes the norm over the outputs for each input there. For
         per-output-neuron clipping as in the paper, pass `axis=-1` for an MLP
         (the norm over the inputs), or combine two `adaptive_grad_clip`s under
-        [`eqopt.partition`][] for mixed layouts. The default is Optax's, so
+        `eqopt.partition` for mixed layouts. The default is Optax's, so
         ported code gives the same numbers.
 
     **Arguments:**
@@ -300,9 +312,11 @@ class AdaptiveGradClip(AbstractGradientTransformation):
         check_hyperparameter("clipping", self.clipping, low=0.0)
         check_hyperparameter("eps", self.eps, low=0.0)
 
+    @init_entry
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -328,10 +342,11 @@ class AdaptiveGradClip(AbstractGradientTransformation):
         return leafwise(step, updates, params), state
 
 
+@checked
 def adaptive_grad_clip(
     clipping: Any, eps: Any = 1e-3, axis: int | tuple[int, ...] | None = None
 ) -> AdaptiveGradClip:
-    """Optax spelling of [`eqopt.AdaptiveGradClip`][]."""
+    """Optax spelling of `eqopt.AdaptiveGradClip`."""
     return AdaptiveGradClip(clipping=clipping, eps=eps, axis=axis)
 
 
@@ -340,6 +355,7 @@ def adaptive_grad_clip(
 # ---------------------------------------------------------------------------
 
 
+@checked
 class NormalizeByUpdateNorm(AbstractGradientTransformation):
     r"""Divides the updates by their global L2 norm: normalised gradient descent.
 
@@ -370,9 +386,11 @@ class NormalizeByUpdateNorm(AbstractGradientTransformation):
     def __check_init__(self):
         check_hyperparameter("eps", self.eps, low=0.0)
 
+    @init_entry
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -389,8 +407,9 @@ class NormalizeByUpdateNorm(AbstractGradientTransformation):
         return leafwise(step, updates), state
 
 
+@checked
 def normalize_by_update_norm(
     scale_factor: Any = 1.0, eps: Any = 1e-6
 ) -> NormalizeByUpdateNorm:
-    """Optax spelling of [`eqopt.NormalizeByUpdateNorm`][]."""
+    """Optax spelling of `eqopt.NormalizeByUpdateNorm`."""
     return NormalizeByUpdateNorm(scale_factor=scale_factor, eps=eps)

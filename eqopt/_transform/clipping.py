@@ -5,17 +5,15 @@ from typing import Any, no_type_check
 import equinox as eqx
 import jax.numpy as jnp
 
-from .._base import (
-    AbstractGradientTransformation,
-    EmptyState,
-    Params,
-    Updates,
-    leafwise,
-)
+from .._base import AbstractGradientTransformation, EmptyState, Params, Updates
+from .._entry import init_entry, update_entry
 from .._hyper import Scalar, ScalarLike, as_scalar, check_hyperparameter
+from .._leafwise import leafwise
 from .._numerics import tree_l2_norm
+from .._typecheck import checked
 
 
+@checked
 class Clip(AbstractGradientTransformation):
     r"""Clips every element of the updates to $[-\delta, \delta]$.
 
@@ -35,9 +33,11 @@ class Clip(AbstractGradientTransformation):
     def __check_init__(self):
         check_hyperparameter("max_delta", self.max_delta, low=0.0)
 
+    @init_entry
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -49,11 +49,13 @@ class Clip(AbstractGradientTransformation):
         return leafwise(lambda g: jnp.clip(g, -max_delta, max_delta), updates), state
 
 
+@checked
 def clip(max_delta: ScalarLike) -> Clip:
-    """Optax spelling of [`eqopt.Clip`][]."""
+    """Optax spelling of `eqopt.Clip`."""
     return Clip(max_delta=max_delta)
 
 
+@checked
 class ClipByGlobalNorm(AbstractGradientTransformation):
     r"""Rescales the updates so that their global L2 norm is at most `max_norm`.
 
@@ -86,9 +88,11 @@ class ClipByGlobalNorm(AbstractGradientTransformation):
     def __check_init__(self):
         check_hyperparameter("max_norm", self.max_norm, low=0.0, low_inclusive=False)
 
+    @init_entry
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -111,6 +115,7 @@ class ClipByGlobalNorm(AbstractGradientTransformation):
         return leafwise(rescale, updates), state
 
 
+@checked
 def clip_by_global_norm(max_norm: ScalarLike) -> ClipByGlobalNorm:
-    """Optax spelling of [`eqopt.ClipByGlobalNorm`][]."""
+    """Optax spelling of `eqopt.ClipByGlobalNorm`."""
     return ClipByGlobalNorm(max_norm=max_norm)

@@ -6,7 +6,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._base import AbstractGradientTransformation, OptState, Params, Updates, leafwise
+from .._base import AbstractGradientTransformation, OptState, Params, Updates
+from .._entry import init_entry, update_entry
 from .._filters import FilterSpec, select_trainable, warn_if_selects_nothing
 from .._fused._pack import Packed, contains_packed, repack_like, unpack_all
 from .._hyper import (
@@ -16,9 +17,12 @@ from .._hyper import (
     as_scalar_or_schedule,
     check_hyperparameter,
 )
+from .._leafwise import leafwise
 from .._scheduled import current_value, init_count_if_scheduled
+from .._typecheck import checked
 
 
+@checked
 class AddDecayedWeights(AbstractGradientTransformation):
     r"""Adds the parameters, scaled by the weight decay, to the updates.
 
@@ -65,6 +69,7 @@ class AddDecayedWeights(AbstractGradientTransformation):
         # A mask selects segments of the packed buffers (`Packed.segment_masks`).
         return True
 
+    @init_entry
     def init(self, params: Params) -> OptState:
         if self.mask is not None:
             warn_if_selects_nothing(
@@ -75,6 +80,7 @@ class AddDecayedWeights(AbstractGradientTransformation):
             )
         return init_count_if_scheduled(self.weight_decay)
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -126,8 +132,9 @@ def _decay_packed(mask_spec, weight_decay, updates, params):
     return Packed(buffers=tuple(buffers), rest=updates.rest, layout=updates.layout)
 
 
+@checked
 def add_decayed_weights(
     weight_decay: ScalarOrSchedule = 0.0, mask: FilterSpec | None = None
 ) -> AddDecayedWeights:
-    """Optax spelling of [`eqopt.AddDecayedWeights`][]."""
+    """Optax spelling of `eqopt.AddDecayedWeights`."""
     return AddDecayedWeights(weight_decay=weight_decay, mask=mask)

@@ -7,21 +7,18 @@ import jax
 import jax.numpy as jnp
 from jax.typing import DTypeLike
 
-from .._base import (
-    AbstractGradientTransformation,
-    Params,
-    Updates,
-    is_none,
-    path_str,
-    require_params,
-)
+from .._base import AbstractGradientTransformation, Params, Updates, is_none, path_str
+from .._entry import init_entry, update_entry
 from .._hyper import Scalar, ScalarLike, as_scalar, check_hyperparameter
+from .._leafwise import require_params
 from .._numerics import abs_squared
+from .._typecheck import checked
 from ._layerwise import layerwise, map_trainable
 
 
+@checked
 class ScaleByDistanceOverGradientsState(eqx.Module):
-    """The state of [`eqopt.ScaleByDistanceOverGradients`][] (Optax's field names).
+    """The state of `eqopt.ScaleByDistanceOverGradients` (Optax's field names).
 
     Per leaf: `max_dist`, the largest distance $r_t$ from the initial
     parameters so far, and `grad_sum_of_squares`, $G_t$ (both real scalars, in
@@ -44,6 +41,7 @@ def real_dtype(dtype):
     return jnp.finfo(dtype).dtype
 
 
+@checked
 class ScaleByDistanceOverGradients(AbstractGradientTransformation):
     r"""Scales each leaf by DoG's step size: distance travelled over gradient norms.
 
@@ -60,7 +58,7 @@ class ScaleByDistanceOverGradients(AbstractGradientTransformation):
 
     with $s$ the `global_scale`. There is no learning rate to tune: the step
     grows with the distance from the start. The output points up the gradient
-    for $s > 0$: follow it with [`eqopt.ScaleByLearningRate`][] (1.0, say) to
+    for $s > 0$: follow it with `eqopt.ScaleByLearningRate` (1.0, say) to
     descend. `update` needs `params`. The step sizes are per leaf, so the
     transform is not elementwise. The authors recommend averaging the iterates.
     Updates have the shape of their parameter (Optax 0.2.8 returns shape `(1,)`
@@ -105,6 +103,7 @@ class ScaleByDistanceOverGradients(AbstractGradientTransformation):
         check_hyperparameter("eps", self.eps, low=0.0)
         check_hyperparameter("global_scale", self.global_scale)
 
+    @init_entry
     def init(self, params: Params) -> ScaleByDistanceOverGradientsState:
         real_param_dtype = not jnp.issubdtype(self.param_dtype, jnp.complexfloating)
         for path, p in jax.tree_util.tree_leaves_with_path(params):
@@ -134,6 +133,7 @@ class ScaleByDistanceOverGradients(AbstractGradientTransformation):
             ),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -173,13 +173,14 @@ class ScaleByDistanceOverGradients(AbstractGradientTransformation):
         )
 
 
+@checked
 def scale_by_distance_over_gradients(
     reps_rel: ScalarLike = 1e-6,
     eps: ScalarLike = 1e-8,
     param_dtype: DTypeLike = jnp.float32,
     global_scale: ScalarLike = 1.0,
 ) -> ScaleByDistanceOverGradients:
-    """Optax spelling of [`eqopt.ScaleByDistanceOverGradients`][]."""
+    """Optax spelling of `eqopt.ScaleByDistanceOverGradients`."""
     return ScaleByDistanceOverGradients(
         reps_rel=reps_rel,
         eps=eps,

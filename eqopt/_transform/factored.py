@@ -16,9 +16,9 @@ from .._base import (
     Updates,
     is_none,
     is_trainable,
-    structure_mismatch_message,
 )
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._filters import FilterSpec
 from .._hyper import (
     Scalar,
@@ -28,6 +28,8 @@ from .._hyper import (
     check_hyperparameter,
 )
 from .._numerics import abs_squared, safe_int32_increment
+from .._structure import structure_mismatch_message
+from .._typecheck import checked
 from .basic import Scale, ScaleByLearningRate
 from .block import ClipByBlockRms, ScaleByParamBlockRms
 from .decay import AddDecayedWeights
@@ -67,8 +69,9 @@ def _real_dtype(dtype: Any) -> Any:
     return jnp.finfo(dtype).dtype
 
 
+@checked
 class ScaleByFactoredRmsState(eqx.Module):
-    """The state of [`eqopt.ScaleByFactoredRms`][].
+    """The state of `eqopt.ScaleByFactoredRms`.
 
     For a leaf factored over axes `(a, b)` (`b` the largest), `v_row` is the
     running mean of $|g|^2$ over axis `b` (the leaf's shape without `b`) and
@@ -83,6 +86,7 @@ class ScaleByFactoredRmsState(eqx.Module):
     v: Updates
 
 
+@checked
 class ScaleByFactoredRms(AbstractGradientTransformation):
     r"""Scales updates by a factored estimate of the second moment (Adafactor's scaling).
 
@@ -159,6 +163,7 @@ class ScaleByFactoredRms(AbstractGradientTransformation):
     def _dims(self, shape: tuple[int, ...]) -> tuple[int, int] | None:
         return factored_dims(shape, self.factored, self.min_dim_size_to_factor)
 
+    @init_entry
     def init(self, params: Params) -> ScaleByFactoredRmsState:
         def moments(p):
             if not is_trainable(p):
@@ -183,6 +188,7 @@ class ScaleByFactoredRms(AbstractGradientTransformation):
             count=jnp.zeros([], jnp.int32), v_row=v_row, v_col=v_col, v=v
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -271,6 +277,7 @@ class ScaleByFactoredRms(AbstractGradientTransformation):
         )
 
 
+@checked
 def scale_by_factored_rms(
     factored: bool = True,
     decay_rate: ScalarLike = 0.8,
@@ -279,7 +286,7 @@ def scale_by_factored_rms(
     epsilon: ScalarLike = 1e-30,
     decay_rate_fn: Callable[[Any, Any], Any] = _decay_rate_pow,
 ) -> ScaleByFactoredRms:
-    """Optax spelling of [`eqopt.ScaleByFactoredRms`][]."""
+    """Optax spelling of `eqopt.ScaleByFactoredRms`."""
     return ScaleByFactoredRms(
         factored=factored,
         decay_rate=decay_rate,
@@ -290,6 +297,7 @@ def scale_by_factored_rms(
     )
 
 
+@checked
 def adafactor(
     learning_rate: ScalarOrSchedule | None = None,
     min_dim_size_to_factor: int = 128,
@@ -318,10 +326,10 @@ def adafactor(
     $$
 
     per leaf, with $\epsilon_2 = 10^{-3}$. The chain is, in Optax's order,
-    [`eqopt.ScaleByFactoredRms`][], then (each when enabled)
-    [`eqopt.ClipByBlockRms`][], [`eqopt.ScaleByLearningRate`][] (unflipped),
-    [`eqopt.ScaleByParamBlockRms`][], [`eqopt.Ema`][] (not debiased),
-    [`eqopt.AddDecayedWeights`][], and [`eqopt.Scale`][] by $-1$. As in Optax,
+    `eqopt.ScaleByFactoredRms`, then (each when enabled)
+    `eqopt.ClipByBlockRms`, `eqopt.ScaleByLearningRate` (unflipped),
+    `eqopt.ScaleByParamBlockRms`, `eqopt.Ema` (not debiased),
+    `eqopt.AddDecayedWeights`, and `eqopt.Scale` by $-1$. As in Optax,
     disabled parts are left out of the chain, so the positions of the later
     parts depend on the arguments: read them by name
     (`state.scale_by_factored_rms.v_row`).
@@ -353,7 +361,7 @@ def adafactor(
     - `factored`: whether to factor second moments at all.
     - `weight_decay_mask`: the filter spec of the leaves to decay (default: all).
 
-    **Returns:** an [`eqopt.Chain`][]; `update` needs `params` when
+    **Returns:** an `eqopt.Chain`; `update` needs `params` when
     `multiply_by_parameter_scale` or `weight_decay_rate` is used.
 
     !!! example

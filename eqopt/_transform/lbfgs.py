@@ -8,25 +8,23 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from .. import _sharding
-from .._base import (
-    AbstractGradientTransformation,
-    Params,
-    Updates,
-    check_updates,
-    is_none,
-    zeros_like_trainable,
-)
+from .._base import AbstractGradientTransformation, Params, Updates, is_none
+from .._checks import check_updates
 from .._combine import Chain
 from .._defaults import DefaultTransform, resolve
+from .._entry import init_entry, update_entry
 from .._hyper import ScalarOrSchedule
+from .._leafwise import zeros_like_trainable
 from .._numerics import safe_int32_increment
+from .._typecheck import checked
 from ._linesearch_common import _real_dtype, _real_inner
 from .basic import Identity, Scale, ScaleByLearningRate
 from .linesearch import ScaleByZoomLinesearch
 
 
+@checked
 class ScaleByLBFGSState(eqx.Module):
-    """The state of [`eqopt.ScaleByLBFGS`][].
+    """The state of `eqopt.ScaleByLBFGS`.
 
     - `count`: the number of updates made.
     - `params`, `updates`: the params and incoming updates of the last step
@@ -100,6 +98,7 @@ def _two_loop(updates, diff_params, diff_updates, weights, identity_scale, newes
     return r
 
 
+@checked
 class ScaleByLBFGS(AbstractGradientTransformation):
     r"""Preconditions the updates by the L-BFGS approximation of the inverse Hessian.
 
@@ -125,7 +124,7 @@ class ScaleByLBFGS(AbstractGradientTransformation):
     $\operatorname{Re}\langle \cdot, \cdot \rangle$.
 
     The output is not negated: chain a negative scaling and a line search after
-    it, as [`eqopt.lbfgs`][] does. `update` needs `params`.
+    it, as `eqopt.lbfgs` does. `update` needs `params`.
 
     **Arguments:**
 
@@ -151,6 +150,7 @@ class ScaleByLBFGS(AbstractGradientTransformation):
                 f"{self.memory_size!r}."
             )
 
+    @init_entry
     def init(self, params: Params) -> ScaleByLBFGSState:
         zeros = zeros_like_trainable(params)
         memory = _map(lambda p: _sharding.stacked_zeros(self.memory_size, p), zeros)
@@ -167,6 +167,7 @@ class ScaleByLBFGS(AbstractGradientTransformation):
             weights_memory=jnp.zeros([self.memory_size], _real_dtype()),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -236,10 +237,11 @@ class ScaleByLBFGS(AbstractGradientTransformation):
         return preconditioned, new_state
 
 
+@checked
 def scale_by_lbfgs(
     memory_size: int = 10, scale_init_precond: bool = True
 ) -> ScaleByLBFGS:
-    """Optax spelling of [`eqopt.ScaleByLBFGS`][]."""
+    """Optax spelling of `eqopt.ScaleByLBFGS`."""
     return ScaleByLBFGS(memory_size=memory_size, scale_init_precond=scale_init_precond)
 
 
@@ -249,6 +251,7 @@ _DEFAULT_LINESEARCH = DefaultTransform(
 )
 
 
+@checked
 def lbfgs(
     learning_rate: ScalarOrSchedule | None = None,
     memory_size: int = 10,
@@ -262,7 +265,7 @@ def lbfgs(
     $$
 
     with $P_k$ the limited-memory inverse Hessian estimate of
-    [`eqopt.ScaleByLBFGS`][] and $\eta_k$ chosen by the line search (by default
+    `eqopt.ScaleByLBFGS` and $\eta_k$ chosen by the line search (by default
     a zoom line search for the strong Wolfe conditions starting from
     $\eta = 1$, at most 20 evaluations), times `learning_rate` if one is given.
     The chain is `scale_by_lbfgs`, then `scale` by $-1$ (or
@@ -270,7 +273,7 @@ def lbfgs(
     `linesearch=None`), in Optax's positions.
 
     With a line search, `update` needs the extra keyword arguments `value`,
-    `grad` and `value_fn`; [`eqopt.value_and_grad_from_state`][] reuses the
+    `grad` and `value_fn`; `eqopt.value_and_grad_from_state` reuses the
     value and gradient the line search computed at the new params. L-BFGS is
     for deterministic objectives of small to medium size: its memory is
     `2 * memory_size` copies of the trainable params.
@@ -281,12 +284,12 @@ def lbfgs(
       `None` to leave the step to the line search.
     - `memory_size`: the number of pairs of differences kept.
     - `scale_init_precond`: scale the initial inverse Hessian estimate (see
-      [`eqopt.ScaleByLBFGS`][]).
+      `eqopt.ScaleByLBFGS`).
     - `linesearch`: a line search transform such as
-      [`eqopt.scale_by_zoom_linesearch`][] or
-      [`eqopt.scale_by_backtracking_linesearch`][], or `None`.
+      `eqopt.scale_by_zoom_linesearch` or
+      `eqopt.scale_by_backtracking_linesearch`, or `None`.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Nocedal & Wright, *Numerical Optimization*, 2nd ed., 2006,
     Alg. 7.4, 7.5, 3.5 and 3.6; Liu & Nocedal, *On the limited memory BFGS

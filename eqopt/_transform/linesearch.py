@@ -16,6 +16,7 @@ from .._base import (
     Updates,
     is_none,
 )
+from .._entry import init_entry, update_entry
 from .._hyper import (
     IntScalar,
     Scalar,
@@ -25,6 +26,7 @@ from .._hyper import (
     as_scalar,
     check_hyperparameter,
 )
+from .._typecheck import checked
 from ._linesearch_common import (
     _check_real_scalar,
     _initial_grad,
@@ -42,6 +44,7 @@ from ._linesearch_common import (
 # ---------------------------------------------------------------------------
 
 
+@checked
 class ZoomLinesearchInfo(eqx.Module):
     """What the last zoom line search did, for diagnosis.
 
@@ -57,15 +60,16 @@ class ZoomLinesearchInfo(eqx.Module):
     curvature_error: Float[Array, ""]
 
 
+@checked
 class ScaleByZoomLinesearchState(eqx.Module):
-    """The state of [`eqopt.ScaleByZoomLinesearch`][].
+    """The state of `eqopt.ScaleByZoomLinesearch`.
 
     - `learning_rate`: the step size chosen by the last search (the next
       guess with `initial_guess_strategy="keep"`).
     - `value`, `grad`: the objective and its gradient at the chosen step, i.e.
-      at the new params; [`eqopt.value_and_grad_from_state`][] reuses them.
+      at the new params; `eqopt.value_and_grad_from_state` reuses them.
       `value` is $+\\infty$ before the first step.
-    - `info`: a [`eqopt.ZoomLinesearchInfo`][].
+    - `info`: a `eqopt.ZoomLinesearchInfo`.
     """
 
     learning_rate: Float[Array, ""]
@@ -162,6 +166,7 @@ def _zoom_trial(s):
     return jnp.where(use_cubic, cubic, jnp.where(use_quadratic, quadratic, bisection))
 
 
+@checked
 class ScaleByZoomLinesearch(AbstractGradientTransformation):
     r"""Scales the updates by a step size satisfying the strong Wolfe conditions.
 
@@ -192,7 +197,7 @@ class ScaleByZoomLinesearch(AbstractGradientTransformation):
     and its gradient at `params`) and `value_fn` (the objective, a function of
     the whole params); other extra arguments that `value_fn` accepts by name are
     passed to it. The state keeps the value and gradient at the new params, for
-    [`eqopt.value_and_grad_from_state`][].
+    `eqopt.value_and_grad_from_state`.
 
     **Arguments:**
 
@@ -252,6 +257,7 @@ class ScaleByZoomLinesearch(AbstractGradientTransformation):
         check_hyperparameter("approx_dec_rtol", self.approx_dec_rtol, low=0.0)
         check_hyperparameter("stepsize_precision", self.stepsize_precision, low=0.0)
 
+    @init_entry
     def init(self, params: Params) -> ScaleByZoomLinesearchState:
         real = _real_dtype()
         return ScaleByZoomLinesearchState(
@@ -283,6 +289,7 @@ class ScaleByZoomLinesearch(AbstractGradientTransformation):
         curvature_error = jnp.where(jnp.isinf(self.curv_rtol), 0.0, curvature_error)
         return decrease_error.astype(value.dtype), curvature_error.astype(value.dtype)
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -506,6 +513,7 @@ def _report_zoom(succeeded, count, slope_init, decrease_error, curvature_error):
     print("scale_by_zoom_linesearch failed: " + "; ".join(reasons) + ".")
 
 
+@checked
 def scale_by_zoom_linesearch(
     max_linesearch_steps: int,
     max_learning_rate: ScalarLike | None = None,
@@ -518,7 +526,7 @@ def scale_by_zoom_linesearch(
     initial_guess_strategy: str = "keep",
     verbose: bool = False,
 ) -> ScaleByZoomLinesearch:
-    """Optax spelling of [`eqopt.ScaleByZoomLinesearch`][]."""
+    """Optax spelling of `eqopt.ScaleByZoomLinesearch`."""
     return ScaleByZoomLinesearch(
         max_linesearch_steps=max_linesearch_steps,
         max_learning_rate=max_learning_rate,

@@ -12,13 +12,14 @@ from .._base import (
     EmptyState,
     Params,
     Updates,
-    _paths,
     is_none,
     is_trainable,
-    leafwise,
-    require_params,
-    structure_mismatch_message,
 )
+from .._checks import _paths
+from .._entry import init_entry, update_entry
+from .._leafwise import leafwise, require_params
+from .._structure import structure_mismatch_message
+from .._typecheck import checked
 
 
 @no_type_check
@@ -28,6 +29,7 @@ def _subtract_mean(g):
     return g - jnp.mean(g, axis=tuple(range(1, g.ndim)), keepdims=True)
 
 
+@checked
 class Centralize(AbstractGradientTransformation):
     r"""Centralises each update of two or more dimensions: subtracts its mean over all but the first axis.
 
@@ -49,9 +51,11 @@ class Centralize(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return False
 
+    @init_entry
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -62,13 +66,15 @@ class Centralize(AbstractGradientTransformation):
         return leafwise(_subtract_mean, updates), state
 
 
+@checked
 def centralize() -> Centralize:
-    """Optax spelling of [`eqopt.Centralize`][]."""
+    """Optax spelling of `eqopt.Centralize`."""
     return Centralize()
 
 
+@checked
 class ZeroNansState(eqx.Module):
-    """The state of [`eqopt.ZeroNans`][]: per leaf, whether the last update had a NaN.
+    """The state of `eqopt.ZeroNans`: per leaf, whether the last update had a NaN.
 
     `None` at leaves that are not trainable.
     """
@@ -76,6 +82,7 @@ class ZeroNansState(eqx.Module):
     found_nan: PyTree[Bool[Array, ""] | None]
 
 
+@checked
 class ZeroNans(AbstractGradientTransformation):
     r"""Replaces NaNs in the updates by zeros, and records where it did.
 
@@ -93,6 +100,7 @@ class ZeroNans(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return False
 
+    @init_entry
     def init(self, params: Params) -> ZeroNansState:
         return ZeroNansState(
             found_nan=jax.tree.map(
@@ -100,6 +108,7 @@ class ZeroNans(AbstractGradientTransformation):
             )
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -127,11 +136,13 @@ class ZeroNans(AbstractGradientTransformation):
         return new_updates, ZeroNansState(found_nan=found_nan)
 
 
+@checked
 def zero_nans() -> ZeroNans:
-    """Optax spelling of [`eqopt.ZeroNans`][]."""
+    """Optax spelling of `eqopt.ZeroNans`."""
     return ZeroNans()
 
 
+@checked
 class KeepParamsNonnegative(AbstractGradientTransformation):
     r"""Shortens the updates so that no parameter becomes negative.
 
@@ -149,9 +160,11 @@ class KeepParamsNonnegative(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return True
 
+    @init_entry
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -173,6 +186,7 @@ class KeepParamsNonnegative(AbstractGradientTransformation):
         ), state
 
 
+@checked
 def keep_params_nonnegative() -> KeepParamsNonnegative:
-    """Optax spelling of [`eqopt.KeepParamsNonnegative`][]."""
+    """Optax spelling of `eqopt.KeepParamsNonnegative`."""
     return KeepParamsNonnegative()

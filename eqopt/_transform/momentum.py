@@ -7,23 +7,22 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, Int
 
-from .._base import (
-    AbstractGradientTransformation,
-    Params,
-    Updates,
-    leafwise,
-    zeros_like_trainable,
-)
+from .._base import AbstractGradientTransformation, Params, Updates
+from .._entry import init_entry, update_entry
 from .._hyper import Scalar, ScalarLike, as_scalar, check_decays, check_hyperparameter
+from .._leafwise import leafwise, zeros_like_trainable
 from .._numerics import debias, safe_int32_increment
+from .._typecheck import checked
 
 
+@checked
 class TraceState(eqx.Module):
-    """The state of [`eqopt.Trace`][]: the momentum buffer."""
+    """The state of `eqopt.Trace`: the momentum buffer."""
 
     trace: Updates
 
 
+@checked
 class Trace(AbstractGradientTransformation):
     r"""Heavy-ball momentum, optionally with Nesterov's look-ahead.
 
@@ -52,9 +51,11 @@ class Trace(AbstractGradientTransformation):
     def __check_init__(self):
         check_hyperparameter("decay", self.decay)
 
+    @init_entry
     def init(self, params: Params) -> TraceState:
         return TraceState(trace=zeros_like_trainable(params, self.accumulator_dtype))
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -74,22 +75,25 @@ class Trace(AbstractGradientTransformation):
         return updates, TraceState(trace=trace)
 
 
+@checked
 def trace(
     decay: ScalarLike,
     nesterov: bool = False,
     accumulator_dtype: DTypeLike | None = None,
 ) -> Trace:
-    """Optax spelling of [`eqopt.Trace`][]."""
+    """Optax spelling of `eqopt.Trace`."""
     return Trace(decay=decay, nesterov=nesterov, accumulator_dtype=accumulator_dtype)
 
 
+@checked
 class EmaState(eqx.Module):
-    """The state of [`eqopt.Ema`][]: step count and the moving average."""
+    """The state of `eqopt.Ema`: step count and the moving average."""
 
     count: Int[Array, ""]
     ema: Updates
 
 
+@checked
 class Ema(AbstractGradientTransformation):
     r"""Replaces the updates by their exponential moving average.
 
@@ -114,12 +118,14 @@ class Ema(AbstractGradientTransformation):
     def __check_init__(self):
         check_decays(self, "decay", high_inclusive=True)
 
+    @init_entry
     def init(self, params: Params) -> EmaState:
         return EmaState(
             count=jnp.zeros([], jnp.int32),
             ema=zeros_like_trainable(params, self.accumulator_dtype),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -142,8 +148,9 @@ class Ema(AbstractGradientTransformation):
         return updates, EmaState(count=count, ema=ema)
 
 
+@checked
 def ema(
     decay: ScalarLike, debias: bool = True, accumulator_dtype: DTypeLike | None = None
 ) -> Ema:
-    """Optax spelling of [`eqopt.Ema`][]."""
+    """Optax spelling of `eqopt.Ema`."""
     return Ema(decay=decay, debias=debias, accumulator_dtype=accumulator_dtype)

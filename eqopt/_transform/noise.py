@@ -10,6 +10,7 @@ from jaxtyping import Array, ArrayLike, Int, Integer, Key, UInt32
 
 from .._base import AbstractGradientTransformation, Params, Updates, is_none
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._hyper import (
     Scalar,
     ScalarLike,
@@ -18,6 +19,7 @@ from .._hyper import (
     check_hyperparameter,
 )
 from .._numerics import safe_int32_increment
+from .._typecheck import checked
 from .basic import ScaleByLearningRate
 
 #: A PRNG key: a typed key (`jax.random.key`), a raw `uint32` key
@@ -53,13 +55,15 @@ def _key_data_and_impl(key: Any) -> tuple[Array | np.ndarray, str | None]:
     )
 
 
+@checked
 class AddNoiseState(eqx.Module):
-    """The state of [`eqopt.AddNoise`][]: the step count and the raw data of the next key."""
+    """The state of `eqopt.AddNoise`: the step count and the raw data of the next key."""
 
     count: Int[Array, ""]
     rng_key: UInt32[Array, " key_data"]
 
 
+@checked
 class AddNoise(AbstractGradientTransformation):
     r"""Adds annealed Gaussian noise to the updates.
 
@@ -113,11 +117,13 @@ class AddNoise(AbstractGradientTransformation):
             return jax.random.wrap_key_data(data)
         return jax.random.wrap_key_data(data, impl=self.key_impl)
 
+    @init_entry
     def init(self, params: Params) -> AddNoiseState:
         return AddNoiseState(
             count=jnp.zeros([], jnp.int32), rng_key=jnp.array(self.key)
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -152,6 +158,7 @@ def key_or_seed(key: KeyLike | None, seed: int | None) -> KeyLike:
     return 0 if key is None else key
 
 
+@checked
 def add_noise(
     eta: ScalarLike,
     gamma: ScalarLike,
@@ -159,13 +166,14 @@ def add_noise(
     *,
     seed: int | None = None,
 ) -> AddNoise:
-    """Optax spelling of [`eqopt.AddNoise`][].
+    """Optax spelling of `eqopt.AddNoise`.
 
     `seed` is Optax's older name for an integer `key`; give one or the other.
     """
     return AddNoise(eta=eta, gamma=gamma, key=key_or_seed(key, seed))
 
 
+@checked
 def noisy_sgd(
     learning_rate: ScalarOrSchedule,
     eta: ScalarLike = 0.01,
@@ -180,8 +188,8 @@ def noisy_sgd(
        \xi_t \sim \mathcal N(0, I), \qquad \sigma_t^2 = \frac{\eta}{t^{\gamma}} $$
 
     (here $\eta$ is the argument `eta`, the noise variance, and $\eta_t$ the
-    learning rate). The chain is [`eqopt.AddNoise`][], then
-    [`eqopt.ScaleByLearningRate`][]. Given the same key, the noise is Optax's.
+    learning rate). The chain is `eqopt.AddNoise`, then
+    `eqopt.ScaleByLearningRate`. Given the same key, the noise is Optax's.
 
     **Arguments:**
 
@@ -192,7 +200,7 @@ def noisy_sgd(
       seed 0, as in Optax; pass your own).
     - `seed`: Optax's older name for an integer `key`.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     !!! example
 

@@ -8,14 +8,10 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, Int
 
-from .._base import (
-    AbstractGradientTransformation,
-    Params,
-    Updates,
-    check_updates,
-    zeros_like_trainable,
-)
+from .._base import AbstractGradientTransformation, Params, Updates
+from .._checks import check_updates
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._hyper import (
     Scalar,
     ScalarLike,
@@ -25,13 +21,16 @@ from .._hyper import (
     check_hyperparameter,
     is_concrete,
 )
+from .._leafwise import zeros_like_trainable
 from .._numerics import abs_squared, safe_int32_increment
+from .._typecheck import checked
 from ._layerwise import layerwise, map_trainable, real_dtype
 from .basic import ScaleByLearningRate
 
 
+@checked
 class ScaleByNovogradState(eqx.Module):
-    """The state of [`eqopt.ScaleByNovograd`][].
+    """The state of `eqopt.ScaleByNovograd`.
 
     `mu` is shaped like the params; `nu` holds one real scalar per leaf (the
     layer's second moment).
@@ -48,6 +47,7 @@ _NEEDS_PARAMS = (
 )
 
 
+@checked
 class ScaleByNovograd(AbstractGradientTransformation):
     r"""Rescales updates with NovoGrad's layer-wise normalised momentum.
 
@@ -99,6 +99,7 @@ class ScaleByNovograd(AbstractGradientTransformation):
         check_hyperparameter("eps_root", self.eps_root, low=0.0)
         check_hyperparameter("weight_decay", self.weight_decay)
 
+    @init_entry
     def init(self, params: Params) -> ScaleByNovogradState:
         return ScaleByNovogradState(
             count=jnp.zeros([], jnp.int32),
@@ -106,6 +107,7 @@ class ScaleByNovograd(AbstractGradientTransformation):
             nu=map_trainable(lambda p: jnp.zeros([], real_dtype(p)), params),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -155,6 +157,7 @@ class ScaleByNovograd(AbstractGradientTransformation):
         return updates, ScaleByNovogradState(count=count, mu=mu, nu=nu)
 
 
+@checked
 def scale_by_novograd(
     b1: ScalarLike = 0.9,
     b2: ScalarLike = 0.25,
@@ -163,7 +166,7 @@ def scale_by_novograd(
     weight_decay: ScalarLike = 0.0,
     mu_dtype: DTypeLike | None = None,
 ) -> ScaleByNovograd:
-    """Optax spelling of [`eqopt.ScaleByNovograd`][]."""
+    """Optax spelling of `eqopt.ScaleByNovograd`."""
     return ScaleByNovograd(
         b1=b1,
         b2=b2,
@@ -174,6 +177,7 @@ def scale_by_novograd(
     )
 
 
+@checked
 def novograd(
     learning_rate: ScalarOrSchedule,
     b1: ScalarLike = 0.9,
@@ -191,18 +195,18 @@ def novograd(
     $$
 
     with $v^\ell_t$ the running average of the squared norm of leaf $\ell$'s
-    gradient ([`eqopt.ScaleByNovograd`][]). It keeps one scalar second moment
-    per leaf, half Adam's memory. The chain is [`eqopt.ScaleByNovograd`][], then
-    [`eqopt.ScaleByLearningRate`][]; `update` needs `params` when
+    gradient (`eqopt.ScaleByNovograd`). It keeps one scalar second moment
+    per leaf, half Adam's memory. The chain is `eqopt.ScaleByNovograd`, then
+    `eqopt.ScaleByLearningRate`; `update` needs `params` when
     `weight_decay` is not zero.
 
     **Arguments:**
 
     - `learning_rate`: $\eta$, a number or a schedule of the step count.
     - `b1`, `b2`, `eps`, `eps_root`, `weight_decay`: as
-      [`eqopt.ScaleByNovograd`][] (`eps` defaults to `1e-6` here, as in Optax).
+      `eqopt.ScaleByNovograd` (`eps` defaults to `1e-6` here, as in Optax).
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     !!! example
 

@@ -6,15 +6,10 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Bool
 
-from .._base import (
-    AbstractGradientTransformation,
-    Params,
-    Updates,
-    leafwise,
-    zeros_like_trainable,
-)
+from .._base import AbstractGradientTransformation, Params, Updates
 from .._combine import Chain
 from .._deprecation import deprecated
+from .._entry import init_entry, update_entry
 from .._hyper import (
     Scalar,
     ScalarLike,
@@ -22,13 +17,16 @@ from .._hyper import (
     as_scalar,
     check_hyperparameter,
 )
+from .._leafwise import leafwise, zeros_like_trainable
 from .._quantize import MomentDType
+from .._typecheck import checked
 from .adam import ScaleByAdam
 from .basic import Scale, ScaleByLearningRate
 
 
+@checked
 class ScaleByOptimisticGradientState(eqx.Module):
-    """The state of [`eqopt.ScaleByOptimisticGradient`][] (Optax's field names).
+    """The state of `eqopt.ScaleByOptimisticGradient` (Optax's field names).
 
     `previous_gradient` is $g_{t-1}$; `is_initial_step` is true until the first
     update, which has no previous gradient.
@@ -38,6 +36,7 @@ class ScaleByOptimisticGradientState(eqx.Module):
     previous_gradient: Updates
 
 
+@checked
 class ScaleByOptimisticGradient(AbstractGradientTransformation):
     r"""Makes the updates optimistic: a step along the gradient and against its change.
 
@@ -71,12 +70,14 @@ class ScaleByOptimisticGradient(AbstractGradientTransformation):
         check_hyperparameter("alpha", self.alpha)
         check_hyperparameter("beta", self.beta)
 
+    @init_entry
     def init(self, params: Params) -> ScaleByOptimisticGradientState:
         return ScaleByOptimisticGradientState(
             is_initial_step=jnp.array(True),
             previous_gradient=zeros_like_trainable(params),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -100,13 +101,15 @@ class ScaleByOptimisticGradient(AbstractGradientTransformation):
         )
 
 
+@checked
 def scale_by_optimistic_gradient(
     alpha: ScalarLike = 1.0, beta: ScalarLike = 1.0
 ) -> ScaleByOptimisticGradient:
-    """Optax spelling of [`eqopt.ScaleByOptimisticGradient`][]."""
+    """Optax spelling of `eqopt.ScaleByOptimisticGradient`."""
     return ScaleByOptimisticGradient(alpha=alpha, beta=beta)
 
 
+@checked
 def optimistic_gradient_descent(
     learning_rate: ScalarOrSchedule,
     alpha: ScalarLike = 1.0,
@@ -116,17 +119,17 @@ def optimistic_gradient_descent(
 
     $$ u_t = -\eta_t \big( (\alpha + \beta)\, g_t - \beta\, g_{t-1} \big) $$
 
-    The chain is [`eqopt.ScaleByOptimisticGradient`][], then
-    [`eqopt.ScaleByLearningRate`][]. Optax's signature allows a schedule for
+    The chain is `eqopt.ScaleByOptimisticGradient`, then
+    `eqopt.ScaleByLearningRate`. Optax's signature allows a schedule for
     `alpha` and `beta` but its update fails with one; here they are numbers
     (leaves, so they can still be changed without recompiling).
 
     **Arguments:**
 
     - `learning_rate`: $\eta$, a number or a schedule of the step count.
-    - `alpha`, `beta`: as [`eqopt.ScaleByOptimisticGradient`][].
+    - `alpha`, `beta`: as `eqopt.ScaleByOptimisticGradient`.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     !!! example
 
@@ -149,6 +152,7 @@ def optimistic_gradient_descent(
 
 
 @deprecated("`eqopt.optimistic_adam_v2`")
+@checked
 def optimistic_adam(
     learning_rate: ScalarLike,
     optimism: ScalarLike | None = None,
@@ -170,18 +174,18 @@ def optimistic_adam(
 
     with $\hat m_t$, $\hat v_t$ Adam's bias-corrected moments (Nesterov's by
     default, as in Optax) and $r_0 = r_1$. The chain is
-    [`eqopt.ScaleByAdam`][], [`eqopt.ScaleByOptimisticGradient`][] with
-    $\alpha = \eta$ and $\beta = o$, then [`eqopt.Scale`][] by $-1$. Prefer
-    [`eqopt.optimistic_adam_v2`][], whose learning rate may be scheduled.
+    `eqopt.ScaleByAdam`, `eqopt.ScaleByOptimisticGradient` with
+    $\alpha = \eta$ and $\beta = o$, then `eqopt.Scale` by $-1$. Prefer
+    `eqopt.optimistic_adam_v2`, whose learning rate may be scheduled.
 
     **Arguments:**
 
     - `learning_rate`: $\eta$.
     - `optimism`: $o$; `None` means $o = \eta$, as in the paper.
     - `b1`, `b2`, `eps`, `eps_root`, `mu_dtype`, `nesterov`: as
-      [`eqopt.ScaleByAdam`][].
+      `eqopt.ScaleByAdam`.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Daskalakis, Ilyas, Syrgkanis & Zeng, *Training GANs with
     Optimism*, ICLR 2018.
@@ -204,6 +208,7 @@ def optimistic_adam(
     )
 
 
+@checked
 def optimistic_adam_v2(
     learning_rate: ScalarOrSchedule,
     *,
@@ -224,18 +229,18 @@ def optimistic_adam_v2(
     r_t = \frac{\hat m_t}{\sqrt{\hat v_t + \epsilon_{\text{root}}} + \epsilon}
     $$
 
-    The chain is [`eqopt.ScaleByAdam`][] (Nesterov's by default),
-    [`eqopt.ScaleByOptimisticGradient`][], [`eqopt.ScaleByLearningRate`][].
+    The chain is `eqopt.ScaleByAdam` (Nesterov's by default),
+    `eqopt.ScaleByOptimisticGradient`, `eqopt.ScaleByLearningRate`.
     `optimistic_adam_v2(1.0, alpha=lr, beta=o)` is `optimistic_adam(lr, o)`.
 
     **Arguments:**
 
     - `learning_rate`: $\eta$, a number or a schedule of the step count.
-    - `alpha`, `beta`: as [`eqopt.ScaleByOptimisticGradient`][].
+    - `alpha`, `beta`: as `eqopt.ScaleByOptimisticGradient`.
     - `b1`, `b2`, `eps`, `eps_root`, `mu_dtype`, `nesterov`: as
-      [`eqopt.ScaleByAdam`][].
+      `eqopt.ScaleByAdam`.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Daskalakis, Ilyas, Syrgkanis & Zeng, *Training GANs with
     Optimism*, ICLR 2018.

@@ -6,14 +6,9 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import ArrayLike, Real
 
-from .._base import (
-    AbstractGradientTransformation,
-    EmptyState,
-    Params,
-    Updates,
-    leafwise,
-)
+from .._base import AbstractGradientTransformation, EmptyState, Params, Updates
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._hyper import (
     Scalar,
     ScalarLike,
@@ -21,12 +16,15 @@ from .._hyper import (
     as_scalar,
     check_hyperparameter,
 )
+from .._leafwise import leafwise
 from .._numerics import tree_l2_norm
+from .._typecheck import checked
 from .basic import Identity, ScaleByLearningRate
 
 _VARIANTS = ("sps", "sps+")
 
 
+@checked
 class ScaleByPolyak(AbstractGradientTransformation):
     r"""Scales the updates by the stochastic Polyak step size.
 
@@ -40,7 +38,7 @@ class ScaleByPolyak(AbstractGradientTransformation):
     together (so the transform is elementwise in the sense of fusion). With
     `variant="sps+"` the gap is clipped at zero, $(f(\theta_t) - f^\star)_+$. A
     zero gradient gives a zero update, as in Optax. Follow with a negative
-    scaling to descend, as [`eqopt.polyak_sgd`][] does.
+    scaling to descend, as `eqopt.polyak_sgd` does.
 
     !!! example
 
@@ -91,9 +89,11 @@ class ScaleByPolyak(AbstractGradientTransformation):
                 f"scale_by_polyak: `variant` must be 'sps' or 'sps+', got {self.variant!r}."
             )
 
+    @init_entry
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -130,18 +130,20 @@ class ScaleByPolyak(AbstractGradientTransformation):
         return leafwise(scale, updates), state
 
 
+@checked
 def scale_by_polyak(
     f_min: ScalarLike = 0.0,
     max_learning_rate: ScalarLike = 1.0,
     eps: ScalarLike = 0.0,
     variant: Literal["sps", "sps+"] = "sps",
 ) -> ScaleByPolyak:
-    """Optax spelling of [`eqopt.ScaleByPolyak`][]."""
+    """Optax spelling of `eqopt.ScaleByPolyak`."""
     return ScaleByPolyak(
         f_min=f_min, max_learning_rate=max_learning_rate, eps=eps, variant=variant
     )
 
 
+@checked
 def polyak_sgd(
     max_learning_rate: ScalarLike = 1.0,
     scaling: ScalarOrSchedule = 1.0,
@@ -151,8 +153,8 @@ def polyak_sgd(
 ) -> Chain:
     r"""SGD with the stochastic Polyak step size.
 
-    The chain is [`eqopt.sgd`][] with learning rate `scaling`, then
-    [`eqopt.ScaleByPolyak`][]; `update` needs the keyword argument `value`, the
+    The chain is `eqopt.sgd` with learning rate `scaling`, then
+    `eqopt.ScaleByPolyak`; `update` needs the keyword argument `value`, the
     objective at the current parameters. With $s$ the scaling, the Polyak step
     is computed on the already scaled gradient $-s\,g_t$:
 
@@ -180,7 +182,7 @@ def polyak_sgd(
     - `eps`: $\epsilon$, added to the squared norm.
     - `variant`: `"sps"`, or `"sps+"` to clip the gap at zero.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Loizou, Vaswani, Laradji & Lacoste-Julien, *Stochastic
     Polyak Step-size for SGD: An Adaptive Learning Rate for Fast Convergence*,

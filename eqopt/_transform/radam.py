@@ -5,15 +5,9 @@ from typing import Any, no_type_check
 import equinox as eqx
 import jax.numpy as jnp
 
-from .._base import (
-    AbstractGradientTransformation,
-    Params,
-    Updates,
-    full_like_trainable_real,
-    leafwise,
-    zeros_like_trainable,
-)
+from .._base import AbstractGradientTransformation, Params, Updates
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._hyper import (
     Scalar,
     ScalarLike,
@@ -22,11 +16,14 @@ from .._hyper import (
     check_decays,
     check_hyperparameter,
 )
+from .._leafwise import full_like_trainable_real, leafwise, zeros_like_trainable
 from .._numerics import abs_squared, debias, safe_int32_increment
+from .._typecheck import checked
 from .adam import ScaleByAdamState
 from .basic import ScaleByLearningRate
 
 
+@checked
 class ScaleByRadam(AbstractGradientTransformation):
     r"""Rescales updates with Rectified Adam.
 
@@ -50,7 +47,7 @@ class ScaleByRadam(AbstractGradientTransformation):
 
     with $m_t, v_t$ Adam's moments and hats dividing by $1 - \beta^t$. With
     `nesterov=True`, $\hat m_t$ is Dozat's look-ahead as in
-    [`eqopt.ScaleByAdam`][]. The state is Adam's.
+    `eqopt.ScaleByAdam`. The state is Adam's.
 
     !!! note "Numerics"
         `b2` is a float32 leaf, so $\rho_\infty$ is computed from float32's
@@ -89,6 +86,7 @@ class ScaleByRadam(AbstractGradientTransformation):
         check_hyperparameter("eps_root", self.eps_root, low=0.0)
         check_hyperparameter("threshold", self.threshold)
 
+    @init_entry
     def init(self, params: Params) -> ScaleByAdamState:
         return ScaleByAdamState(
             count=jnp.zeros([], jnp.int32),
@@ -96,6 +94,7 @@ class ScaleByRadam(AbstractGradientTransformation):
             nu=full_like_trainable_real(params, 0.0),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -142,6 +141,7 @@ class ScaleByRadam(AbstractGradientTransformation):
         return updates, ScaleByAdamState(count=count, mu=mu, nu=nu)
 
 
+@checked
 def scale_by_radam(
     b1: ScalarLike = 0.9,
     b2: ScalarLike = 0.999,
@@ -151,7 +151,7 @@ def scale_by_radam(
     *,
     nesterov: bool = False,
 ) -> ScaleByRadam:
-    """Optax spelling of [`eqopt.ScaleByRadam`][]."""
+    """Optax spelling of `eqopt.ScaleByRadam`."""
     return ScaleByRadam(
         b1=b1,
         b2=b2,
@@ -162,6 +162,7 @@ def scale_by_radam(
     )
 
 
+@checked
 def radam(
     learning_rate: ScalarOrSchedule,
     b1: ScalarLike = 0.9,
@@ -181,16 +182,16 @@ def radam(
     \end{cases}
     $$
 
-    with $\rho_t$ and $r_t$ as in [`eqopt.ScaleByRadam`][]. The chain is
-    [`eqopt.ScaleByRadam`][], then [`eqopt.ScaleByLearningRate`][].
+    with $\rho_t$ and $r_t$ as in `eqopt.ScaleByRadam`. The chain is
+    `eqopt.ScaleByRadam`, then `eqopt.ScaleByLearningRate`.
 
     **Arguments:**
 
     - `learning_rate`: $\eta$, a number or a schedule of the step count.
     - `b1`, `b2`, `eps`, `eps_root`, `threshold`, `nesterov`: as
-      [`eqopt.ScaleByRadam`][].
+      `eqopt.ScaleByRadam`.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     !!! example
 

@@ -7,17 +7,13 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from .._base import (
-    AbstractGradientTransformation,
-    Params,
-    Updates,
-    full_like_trainable_real,
-    leafwise,
-    zeros_like_trainable,
-)
+from .._base import AbstractGradientTransformation, Params, Updates
+from .._entry import init_entry, update_entry
 from .._hyper import Scalar, ScalarLike, as_scalar, check_decays, check_hyperparameter
+from .._leafwise import full_like_trainable_real, leafwise, zeros_like_trainable
 from .._numerics import abs_squared, debias, safe_int32_increment
 from .._quantize import MomentDType, any_quantized, moment_like, quantized_on_buffers
+from .._typecheck import checked
 
 Moments = Updates
 
@@ -35,13 +31,15 @@ def _check_rms_hyperparameters(module: "ScaleByRms | ScaleByStddev") -> None:
     check_hyperparameter("initial_scale", module.initial_scale, low=0.0)
 
 
+@checked
 class ScaleByRmsState(eqx.Module):
-    """The state of [`eqopt.ScaleByRms`][]: the step count and $v$, the mean square."""
+    """The state of `eqopt.ScaleByRms`: the step count and $v$, the mean square."""
 
     count: Int[Array, ""]
     nu: Moments
 
 
+@checked
 class ScaleByRms(AbstractGradientTransformation):
     r"""Divides the updates by the root of an exponential moving average of their squares.
 
@@ -67,7 +65,7 @@ class ScaleByRms(AbstractGradientTransformation):
     - `initial_scale`: $v_{\text{init}}$, the initial mean square.
     - `eps_in_sqrt`: add $\epsilon$ inside the square root (default) or outside.
     - `bias_correction`: divide $v_t$ by $1 - \rho^t$.
-    - `nu_dtype`: dtype or [`eqopt.Quantized`][] format to store $v$ in
+    - `nu_dtype`: dtype or `eqopt.Quantized` format to store $v$ in
       (default: the params' real dtype). Optax has no such option.
 
     **References:** Tieleman & Hinton, *Lecture 6.5 — RMSProp: Divide the
@@ -94,6 +92,7 @@ class ScaleByRms(AbstractGradientTransformation):
     def __check_init__(self):
         _check_rms_hyperparameters(self)
 
+    @init_entry
     def init(self, params: Params) -> ScaleByRmsState:
         if self.nu_dtype is None:
             nu = full_like_trainable_real(params, self.initial_scale)
@@ -103,6 +102,7 @@ class ScaleByRms(AbstractGradientTransformation):
             )
         return ScaleByRmsState(count=jnp.zeros([], jnp.int32), nu=nu)
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -127,6 +127,7 @@ class ScaleByRms(AbstractGradientTransformation):
         return updates, ScaleByRmsState(count=count, nu=nu)
 
 
+@checked
 def scale_by_rms(
     decay: ScalarLike = 0.9,
     eps: ScalarLike = 1e-8,
@@ -136,7 +137,7 @@ def scale_by_rms(
     *,
     nu_dtype: MomentDType = None,
 ) -> ScaleByRms:
-    """Optax spelling of [`eqopt.ScaleByRms`][] (`nu_dtype` is eqopt's addition)."""
+    """Optax spelling of `eqopt.ScaleByRms` (`nu_dtype` is eqopt's addition)."""
     return ScaleByRms(
         decay=decay,
         eps=eps,
@@ -147,14 +148,16 @@ def scale_by_rms(
     )
 
 
+@checked
 class ScaleByStddevState(eqx.Module):
-    """The state of [`eqopt.ScaleByStddev`][]: the step count, the mean $m$ and mean square $v$."""
+    """The state of `eqopt.ScaleByStddev`: the step count, the mean $m$ and mean square $v$."""
 
     count: Int[Array, ""]
     mu: Moments
     nu: Moments
 
 
+@checked
 class ScaleByStddev(AbstractGradientTransformation):
     r"""Divides the updates by a running estimate of their standard deviation (centred RMSProp).
 
@@ -203,6 +206,7 @@ class ScaleByStddev(AbstractGradientTransformation):
     def __check_init__(self):
         _check_rms_hyperparameters(self)
 
+    @init_entry
     def init(self, params: Params) -> ScaleByStddevState:
         return ScaleByStddevState(
             count=jnp.zeros([], jnp.int32),
@@ -210,6 +214,7 @@ class ScaleByStddev(AbstractGradientTransformation):
             nu=full_like_trainable_real(params, self.initial_scale),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -240,6 +245,7 @@ class ScaleByStddev(AbstractGradientTransformation):
         return updates, ScaleByStddevState(count=count, mu=mu, nu=nu)
 
 
+@checked
 def scale_by_stddev(
     decay: ScalarLike = 0.9,
     eps: ScalarLike = 1e-8,
@@ -247,7 +253,7 @@ def scale_by_stddev(
     eps_in_sqrt: bool = True,
     bias_correction: bool = False,
 ) -> ScaleByStddev:
-    """Optax spelling of [`eqopt.ScaleByStddev`][]."""
+    """Optax spelling of `eqopt.ScaleByStddev`."""
     return ScaleByStddev(
         decay=decay,
         eps=eps,
@@ -257,12 +263,14 @@ def scale_by_stddev(
     )
 
 
+@checked
 class ScaleByRssState(eqx.Module):
-    """The state of [`eqopt.ScaleByRss`][]: the running sum of squared updates."""
+    """The state of `eqopt.ScaleByRss`: the running sum of squared updates."""
 
     sum_of_squares: Moments
 
 
+@checked
 class ScaleByRss(AbstractGradientTransformation):
     r"""Divides the updates by the root of the sum of all their squares so far (Adagrad).
 
@@ -296,6 +304,7 @@ class ScaleByRss(AbstractGradientTransformation):
         )
         check_hyperparameter("eps", self.eps, low=0.0)
 
+    @init_entry
     def init(self, params: Params) -> ScaleByRssState:
         return ScaleByRssState(
             sum_of_squares=full_like_trainable_real(
@@ -303,6 +312,7 @@ class ScaleByRss(AbstractGradientTransformation):
             )
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -322,8 +332,9 @@ class ScaleByRss(AbstractGradientTransformation):
         return updates, ScaleByRssState(sum_of_squares=total)
 
 
+@checked
 def scale_by_rss(
     initial_accumulator_value: ScalarLike = 0.1, eps: ScalarLike = 1e-7
 ) -> ScaleByRss:
-    """Optax spelling of [`eqopt.ScaleByRss`][]."""
+    """Optax spelling of `eqopt.ScaleByRss`."""
     return ScaleByRss(initial_accumulator_value=initial_accumulator_value, eps=eps)

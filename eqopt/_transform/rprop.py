@@ -5,21 +5,19 @@ from typing import Any, no_type_check
 import equinox as eqx
 import jax.numpy as jnp
 
-from .._base import (
-    AbstractGradientTransformation,
-    Params,
-    Updates,
-    leafwise,
-    zeros_like_trainable,
-)
+from .._base import AbstractGradientTransformation, Params, Updates
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._hyper import Scalar, ScalarLike, as_scalar, check_hyperparameter
+from .._leafwise import leafwise, zeros_like_trainable
+from .._typecheck import checked
 from ._layerwise import check_real, map_trainable
 from .basic import Scale
 
 
+@checked
 class ScaleByRpropState(eqx.Module):
-    """The state of [`eqopt.ScaleByRprop`][]: each element's step size and last step.
+    """The state of `eqopt.ScaleByRprop`: each element's step size and last step.
 
     `prev_updates` holds the last step $\\operatorname{sign}(g)\\,\\Delta$ (zero
     after a sign change), whose sign stands for the previous gradient's.
@@ -29,6 +27,7 @@ class ScaleByRpropState(eqx.Module):
     prev_updates: Updates
 
 
+@checked
 class ScaleByRprop(AbstractGradientTransformation):
     r"""Steps by the sign of the gradient, with a step size per element.
 
@@ -49,7 +48,7 @@ class ScaleByRprop(AbstractGradientTransformation):
     $$
 
     with $\Delta_0$ the `learning_rate` and $u_0 = 0$. The output points up the
-    gradient: [`eqopt.rprop`][] negates it. Parameters must be real.
+    gradient: `eqopt.rprop` negates it. Parameters must be real.
 
     !!! note "Differs from Optax"
         Optax 0.2.8 computes the same $u_t$ and keeps it in its state, but
@@ -86,6 +85,7 @@ class ScaleByRprop(AbstractGradientTransformation):
         check_hyperparameter("min_step_size", self.min_step_size, low=0.0)
         check_hyperparameter("max_step_size", self.max_step_size, low=0.0)
 
+    @init_entry
     def init(self, params: Params) -> ScaleByRpropState:
         # The sign of a complex number is a phase: successive signs do not
         # simply agree or disagree.
@@ -96,6 +96,7 @@ class ScaleByRprop(AbstractGradientTransformation):
             prev_updates=zeros_like_trainable(params),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -124,6 +125,7 @@ class ScaleByRprop(AbstractGradientTransformation):
         )
 
 
+@checked
 def scale_by_rprop(
     learning_rate: ScalarLike,
     eta_minus: ScalarLike = 0.5,
@@ -131,7 +133,7 @@ def scale_by_rprop(
     min_step_size: ScalarLike = 1e-6,
     max_step_size: ScalarLike = 50.0,
 ) -> ScaleByRprop:
-    """Optax spelling of [`eqopt.ScaleByRprop`][]."""
+    """Optax spelling of `eqopt.ScaleByRprop`."""
     return ScaleByRprop(
         learning_rate=learning_rate,
         eta_minus=eta_minus,
@@ -141,6 +143,7 @@ def scale_by_rprop(
     )
 
 
+@checked
 def rprop(
     learning_rate: ScalarLike,
     eta_minus: ScalarLike = 0.5,
@@ -153,15 +156,15 @@ def rprop(
     $$ u_t = -\operatorname{sign}(g_t)\, \Delta_t $$
 
     (zero for one step after a sign change), with $\Delta_t$ as in
-    [`eqopt.ScaleByRprop`][]. Only the sign of the gradient is used, so Rprop
-    suits full-batch training. The chain is [`eqopt.ScaleByRprop`][], then
-    [`eqopt.Scale`][] by $-1$. Unlike Optax 0.2.8, the updates do not lag one
-    step behind (see [`eqopt.ScaleByRprop`][]).
+    `eqopt.ScaleByRprop`. Only the sign of the gradient is used, so Rprop
+    suits full-batch training. The chain is `eqopt.ScaleByRprop`, then
+    `eqopt.Scale` by $-1$. Unlike Optax 0.2.8, the updates do not lag one
+    step behind (see `eqopt.ScaleByRprop`).
 
-    **Arguments:** as [`eqopt.ScaleByRprop`][]; `learning_rate` is the initial
+    **Arguments:** as `eqopt.ScaleByRprop`; `learning_rate` is the initial
     step size.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     !!! example
 

@@ -7,15 +7,9 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, Int
 
-from .._base import (
-    AbstractGradientTransformation,
-    EmptyState,
-    Params,
-    Updates,
-    leafwise,
-    zeros_like_trainable,
-)
+from .._base import AbstractGradientTransformation, EmptyState, Params, Updates
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._filters import FilterSpec
 from .._hyper import (
     Scalar,
@@ -25,13 +19,16 @@ from .._hyper import (
     check_decays,
     check_hyperparameter,
 )
+from .._leafwise import leafwise, zeros_like_trainable
 from .._numerics import safe_int32_increment
 from .._quantize import MomentDType, any_quantized, quantized_on_buffers
+from .._typecheck import checked
 from .basic import ScaleByLearningRate
 from .decay import AddDecayedWeights
 from .momentum import Ema
 
 
+@checked
 class ScaleBySign(AbstractGradientTransformation):
     r"""Replaces each element of the updates by its sign.
 
@@ -47,9 +44,11 @@ class ScaleBySign(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return True
 
+    @init_entry
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -60,13 +59,15 @@ class ScaleBySign(AbstractGradientTransformation):
         return leafwise(jnp.sign, updates), state
 
 
+@checked
 def scale_by_sign() -> ScaleBySign:
-    """Optax spelling of [`eqopt.ScaleBySign`][]."""
+    """Optax spelling of `eqopt.ScaleBySign`."""
     return ScaleBySign()
 
 
+@checked
 class ScaleByLionState(eqx.Module):
-    """The state of [`eqopt.ScaleByLion`][]: the step count and the momentum $m$."""
+    """The state of `eqopt.ScaleByLion`: the step count and the momentum $m$."""
 
     count: Int[Array, ""]
     mu: Updates
@@ -84,6 +85,7 @@ def _smooth_sign(x, beta):
     return factor.astype(x.dtype) * x
 
 
+@checked
 class ScaleByLion(AbstractGradientTransformation):
     r"""Rescales updates with Lion: the sign of an interpolation of momentum and gradient.
 
@@ -112,7 +114,7 @@ class ScaleByLion(AbstractGradientTransformation):
     - `b1`: $\beta_1 \in [0, 1]$, the weight of the momentum in the update.
     - `b2`: $\beta_2 \in [0, 1]$, the decay of the momentum.
     - `mu_dtype`: dtype to store the momentum in (default: the params'), or a
-      [`eqopt.Quantized`][] format.
+      `eqopt.Quantized` format.
     - `mode`: `"hard"`, `"smooth"` or `"refined"`, as above.
     - `smooth_beta`: $\beta_s > 0$, the slope of the `"smooth"` sign.
 
@@ -152,12 +154,14 @@ class ScaleByLion(AbstractGradientTransformation):
             return jnp.where(jnp.abs(c) < 1, c, jnp.sign(c))
         return jnp.sign(c)
 
+    @init_entry
     def init(self, params: Params) -> ScaleByLionState:
         return ScaleByLionState(
             count=jnp.zeros([], jnp.int32),
             mu=zeros_like_trainable(params, self.mu_dtype),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -178,6 +182,7 @@ class ScaleByLion(AbstractGradientTransformation):
         return updates, ScaleByLionState(count=safe_int32_increment(state.count), mu=mu)
 
 
+@checked
 def scale_by_lion(
     b1: ScalarLike = 0.9,
     b2: ScalarLike = 0.99,
@@ -186,12 +191,13 @@ def scale_by_lion(
     mode: Literal["hard", "smooth", "refined"] = "hard",
     smooth_beta: ScalarLike = 1.0,
 ) -> ScaleByLion:
-    """Optax spelling of [`eqopt.ScaleByLion`][]."""
+    """Optax spelling of `eqopt.ScaleByLion`."""
     return ScaleByLion(
         b1=b1, b2=b2, mu_dtype=mu_dtype, mode=mode, smooth_beta=smooth_beta
     )
 
 
+@checked
 def lion(
     learning_rate: ScalarOrSchedule,
     b1: ScalarLike = 0.9,
@@ -212,9 +218,9 @@ def lion(
 
     Every element moves by $\eta$ (plus decay), so use a learning rate 3-10
     times smaller, and a weight decay 3-10 times larger, than with AdamW. The
-    chain is [`eqopt.ScaleByLion`][], [`eqopt.AddDecayedWeights`][],
-    [`eqopt.ScaleByLearningRate`][]; `mask` is a filter spec as in
-    [`eqopt.adamw`][].
+    chain is `eqopt.ScaleByLion`, `eqopt.AddDecayedWeights`,
+    `eqopt.ScaleByLearningRate`; `mask` is a filter spec as in
+    `eqopt.adamw`.
 
     **Arguments:**
 
@@ -224,7 +230,7 @@ def lion(
     - `weight_decay`: $\lambda$, a number or a schedule.
     - `mask`: the filter spec of the leaves to decay (default: all).
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     !!! example
 
@@ -246,18 +252,19 @@ def lion(
     )
 
 
+@checked
 def sign_sgd(learning_rate: ScalarOrSchedule) -> Chain:
     r"""signSGD: steps by the sign of each gradient element.
 
     $$ u_t = -\eta_t\, \operatorname{sign}(g_t) $$
 
-    The chain is [`eqopt.ScaleBySign`][], then [`eqopt.ScaleByLearningRate`][].
+    The chain is `eqopt.ScaleBySign`, then `eqopt.ScaleByLearningRate`.
 
     **Arguments:**
 
     - `learning_rate`: $\eta$, a number or a schedule of the step count.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Bernstein, Wang, Azizzadenesheli & Anandkumar, *signSGD:
     Compressed Optimisation for Non-Convex Problems*, ICML 2018.
@@ -265,6 +272,7 @@ def sign_sgd(learning_rate: ScalarOrSchedule) -> Chain:
     return Chain(ScaleBySign(), ScaleByLearningRate(learning_rate=learning_rate))
 
 
+@checked
 def signum(
     learning_rate: ScalarOrSchedule,
     beta: ScalarLike = 0.9,
@@ -278,8 +286,8 @@ def signum(
     $$
 
     The moving average is not debiased: the sign does not depend on the scale.
-    The chain is [`eqopt.Ema`][] (`debias=False`), [`eqopt.ScaleBySign`][],
-    [`eqopt.ScaleByLearningRate`][].
+    The chain is `eqopt.Ema` (`debias=False`), `eqopt.ScaleBySign`,
+    `eqopt.ScaleByLearningRate`.
 
     **Arguments:**
 
@@ -287,7 +295,7 @@ def signum(
     - `beta`: $\beta \in [0, 1]$, the momentum decay.
     - `accumulator_dtype`: dtype to store the momentum in (default: the params').
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Bernstein, Wang, Azizzadenesheli & Anandkumar, *signSGD:
     Compressed Optimisation for Non-Convex Problems*, ICML 2018.

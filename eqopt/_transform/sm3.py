@@ -5,16 +5,14 @@ from typing import Any, no_type_check
 import equinox as eqx
 import jax.numpy as jnp
 
-from .._base import (
-    AbstractGradientTransformation,
-    InexactTree,
-    Params,
-    Updates,
-    zeros_like_trainable,
-)
+from .._base import AbstractGradientTransformation, Params, Updates
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._hyper import Scalar, ScalarLike, as_scalar, check_decays, check_hyperparameter
+from .._leafwise import zeros_like_trainable
+from .._leaves import InexactTree
 from .._numerics import abs_squared
+from .._typecheck import checked
 from ._layerwise import layerwise, map_trainable, real_dtype
 from .basic import ScaleByLearningRate
 
@@ -22,8 +20,9 @@ from .basic import ScaleByLearningRate
 Accumulators = InexactTree
 
 
+@checked
 class ScaleBySM3State(eqx.Module):
-    """The state of [`eqopt.ScaleBySM3`][] (Optax's field names).
+    """The state of `eqopt.ScaleBySM3` (Optax's field names).
 
     `mu` holds, at each leaf of shape $(d_1, \\dots, d_k)$, a tuple of $k$ real
     vectors of shapes $(d_1,), \\dots, (d_k,)$: the accumulators of the cover
@@ -45,6 +44,7 @@ def _max_over_other_axes(x, axis):
     return jnp.max(x, axis=others) if others else x
 
 
+@checked
 class ScaleBySM3(AbstractGradientTransformation):
     r"""Rescales updates with SM3-II, then applies momentum.
 
@@ -91,12 +91,14 @@ class ScaleBySM3(AbstractGradientTransformation):
         check_decays(self, "b2", high_inclusive=True)
         check_hyperparameter("eps", self.eps, low=0.0)
 
+    @init_entry
     def init(self, params: Params) -> ScaleBySM3State:
         return ScaleBySM3State(
             mu=map_trainable(_accumulators, params),
             nu=zeros_like_trainable(params),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -140,13 +142,15 @@ class ScaleBySM3(AbstractGradientTransformation):
         return updates, ScaleBySM3State(mu=mu, nu=nu)
 
 
+@checked
 def scale_by_sm3(
     b1: ScalarLike = 0.9, b2: ScalarLike = 1.0, eps: ScalarLike = 1e-8
 ) -> ScaleBySM3:
-    """Optax spelling of [`eqopt.ScaleBySM3`][]."""
+    """Optax spelling of `eqopt.ScaleBySM3`."""
     return ScaleBySM3(b1=b1, b2=b2, eps=eps)
 
 
+@checked
 def sm3(learning_rate: ScalarLike, momentum: ScalarLike | None = 0.9) -> Chain:
     r"""SM3: Adagrad with sub-linear memory, from accumulators per row and column.
 
@@ -155,8 +159,8 @@ def sm3(learning_rate: ScalarLike, momentum: ScalarLike | None = 0.9) -> Chain:
     $$
 
     with $\nu_t$ SM3-II's bound on each element's sum of squared gradients
-    ([`eqopt.ScaleBySM3`][]). The chain is [`eqopt.ScaleBySM3`][], then
-    [`eqopt.ScaleByLearningRate`][].
+    (`eqopt.ScaleBySM3`). The chain is `eqopt.ScaleBySM3`, then
+    `eqopt.ScaleByLearningRate`.
 
     **Arguments:**
 
@@ -164,7 +168,7 @@ def sm3(learning_rate: ScalarLike, momentum: ScalarLike | None = 0.9) -> Chain:
     - `momentum`: $\beta$, or `None` for no momentum ($\beta = 0$; Optax
       0.2.8 raises a `TypeError` for `None`).
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     !!! example
 

@@ -7,15 +7,9 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
-from .._base import (
-    AbstractGradientTransformation,
-    EmptyState,
-    Params,
-    Updates,
-    leafwise,
-    require_params,
-)
+from .._base import AbstractGradientTransformation, EmptyState, Params, Updates
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._filters import FilterSpec
 from .._hyper import (
     Scalar,
@@ -24,6 +18,8 @@ from .._hyper import (
     as_scalar,
     check_hyperparameter,
 )
+from .._leafwise import leafwise, require_params
+from .._typecheck import checked
 from ..schedules._base import AbstractSchedule
 from .adam import ScaleByAdam
 from .basic import ScaleByLearningRate
@@ -31,6 +27,7 @@ from .block import floored_norm
 from .decay import AddDecayedWeights
 
 
+@checked
 class ScaleByTrustRatio(AbstractGradientTransformation):
     r"""Rescales each leaf's update by the ratio of the parameter's norm to the update's.
 
@@ -67,9 +64,11 @@ class ScaleByTrustRatio(AbstractGradientTransformation):
         check_hyperparameter("min_norm", self.min_norm, low=0.0)
         check_hyperparameter("eps", self.eps, low=0.0)
 
+    @init_entry
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -92,17 +91,19 @@ class ScaleByTrustRatio(AbstractGradientTransformation):
         return leafwise(step, updates, params), state
 
 
+@checked
 def scale_by_trust_ratio(
     min_norm: ScalarLike = 0.0,
     trust_coefficient: ScalarLike = 1.0,
     eps: ScalarLike = 0.0,
 ) -> ScaleByTrustRatio:
-    """Optax spelling of [`eqopt.ScaleByTrustRatio`][]."""
+    """Optax spelling of `eqopt.ScaleByTrustRatio`."""
     return ScaleByTrustRatio(
         min_norm=min_norm, trust_coefficient=trust_coefficient, eps=eps
     )
 
 
+@checked
 def lamb(
     learning_rate: ScalarOrSchedule,
     b1: ScalarLike = 0.9,
@@ -121,9 +122,9 @@ def lamb(
     $$
 
     per leaf, with $\hat m_t, \hat v_t$ Adam's bias-corrected moments (the
-    ratio is 1 where a norm is zero). The chain is [`eqopt.ScaleByAdam`][],
-    [`eqopt.AddDecayedWeights`][], [`eqopt.ScaleByTrustRatio`][],
-    [`eqopt.ScaleByLearningRate`][]; `update` needs `params`.
+    ratio is 1 where a norm is zero). The chain is `eqopt.ScaleByAdam`,
+    `eqopt.AddDecayedWeights`, `eqopt.ScaleByTrustRatio`,
+    `eqopt.ScaleByLearningRate`; `update` needs `params`.
 
     `mask` selects the leaves to decay with an Equinox filter spec: a per-leaf
     predicate such as `lambda x: x.ndim > 1`, or a prefix pytree of bools and
@@ -139,7 +140,7 @@ def lamb(
     - `weight_decay`: $\lambda$, a number or a schedule.
     - `mask`: the filter spec of the leaves to decay (default: all).
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     !!! example
 
@@ -178,6 +179,7 @@ def _fromage_factor(learning_rate, shrinkage):
     return multiplier - 1 if shrinkage else learning_rate * multiplier
 
 
+@checked
 def fromage(learning_rate: ScalarOrSchedule, min_norm: ScalarLike = 1e-6) -> Chain:
     r"""Fromage: steps by the gradient rescaled to the weights' norm, then shrinks the weights.
 
@@ -188,9 +190,9 @@ def fromage(learning_rate: ScalarOrSchedule, min_norm: ScalarLike = 1e-6) -> Cha
 
     per leaf, with $\|x\|_m = \max(\|x\|_2, m)$: a step of relative size
     $\eta$ on each layer, then a shrinkage that keeps the weights' norm from
-    growing. The chain is [`eqopt.ScaleByTrustRatio`][],
-    [`eqopt.ScaleByLearningRate`][] (by $\eta / \sqrt{1 + \eta^2}$) and
-    [`eqopt.AddDecayedWeights`][] (by $1 / \sqrt{1 + \eta^2} - 1$); `update`
+    growing. The chain is `eqopt.ScaleByTrustRatio`,
+    `eqopt.ScaleByLearningRate` (by $\eta / \sqrt{1 + \eta^2}$) and
+    `eqopt.AddDecayedWeights` (by $1 / \sqrt{1 + \eta^2} - 1$); `update`
     needs `params`. With a scheduled learning rate both factors follow the
     schedule.
 
@@ -199,7 +201,7 @@ def fromage(learning_rate: ScalarOrSchedule, min_norm: ScalarLike = 1e-6) -> Cha
     - `learning_rate`: $\eta$, a number or a schedule of the step count.
     - `min_norm`: $m$, the floor of both norms.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Bernstein, Vahdat, Yue & Liu, *On the distance between two
     neural networks and the stability of learning*, NeurIPS 2020.

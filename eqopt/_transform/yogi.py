@@ -5,14 +5,9 @@ from typing import Any, no_type_check
 import equinox as eqx
 import jax.numpy as jnp
 
-from .._base import (
-    AbstractGradientTransformation,
-    Params,
-    Updates,
-    full_like_trainable_real,
-    leafwise,
-)
+from .._base import AbstractGradientTransformation, Params, Updates
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._hyper import (
     Scalar,
     ScalarLike,
@@ -21,12 +16,15 @@ from .._hyper import (
     check_decays,
     check_hyperparameter,
 )
+from .._leafwise import full_like_trainable_real, leafwise
 from .._numerics import abs_squared, debias, safe_int32_increment
+from .._typecheck import checked
 from ._layerwise import map_trainable
 from .adam import ScaleByAdamState
 from .basic import ScaleByLearningRate
 
 
+@checked
 class ScaleByYogi(AbstractGradientTransformation):
     r"""Rescales updates with Yogi's moment estimates.
 
@@ -79,6 +77,7 @@ class ScaleByYogi(AbstractGradientTransformation):
             low_inclusive=False,
         )
 
+    @init_entry
     def init(self, params: Params) -> ScaleByAdamState:
         value = self.initial_accumulator_value
         return ScaleByAdamState(
@@ -87,6 +86,7 @@ class ScaleByYogi(AbstractGradientTransformation):
             nu=full_like_trainable_real(params, value),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -112,6 +112,7 @@ class ScaleByYogi(AbstractGradientTransformation):
         return updates, ScaleByAdamState(count=count, mu=mu, nu=nu)
 
 
+@checked
 def scale_by_yogi(
     b1: ScalarLike = 0.9,
     b2: ScalarLike = 0.999,
@@ -119,7 +120,7 @@ def scale_by_yogi(
     eps_root: ScalarLike = 0.0,
     initial_accumulator_value: ScalarLike = 1e-6,
 ) -> ScaleByYogi:
-    """Optax spelling of [`eqopt.ScaleByYogi`][]."""
+    """Optax spelling of `eqopt.ScaleByYogi`."""
     return ScaleByYogi(
         b1=b1,
         b2=b2,
@@ -129,6 +130,7 @@ def scale_by_yogi(
     )
 
 
+@checked
 def yogi(
     learning_rate: ScalarOrSchedule,
     b1: ScalarLike = 0.9,
@@ -142,14 +144,14 @@ def yogi(
     \qquad u_t = -\eta_t\, \frac{\hat m_t}{\sqrt{\hat v_t} + \epsilon}
     $$
 
-    The chain is [`eqopt.ScaleByYogi`][], then [`eqopt.ScaleByLearningRate`][].
+    The chain is `eqopt.ScaleByYogi`, then `eqopt.ScaleByLearningRate`.
 
     **Arguments:**
 
     - `learning_rate`: $\eta$, a number or a schedule of the step count.
-    - `b1`, `b2`, `eps`: as [`eqopt.ScaleByYogi`][].
+    - `b1`, `b2`, `eps`: as `eqopt.ScaleByYogi`.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     !!! example
 

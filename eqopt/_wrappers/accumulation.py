@@ -20,9 +20,8 @@ from .._base import (
     Updates,
     is_none,
     is_trainable,
-    leafwise,
-    zeros_like_trainable,
 )
+from .._entry import init_entry, update_entry
 from .._hyper import (
     IntScalar,
     Schedule,
@@ -31,18 +30,20 @@ from .._hyper import (
     is_concrete,
 )
 from .._interop import as_transform
+from .._leafwise import leafwise, zeros_like_trainable
 from .._numerics import safe_int32_increment
+from .._typecheck import checked
 from ._control import cast_like, filter_cond, zeros_like_output
 from .finite import skip_large_updates, skip_not_finite
 
 
 class ShouldSkipUpdateFunction(Protocol):
-    """The signature of `should_skip_update_fn` in [`eqopt.MultiSteps`][].
+    """The signature of `should_skip_update_fn` in `eqopt.MultiSteps`.
 
     Called as `should_skip_update_fn(updates, gradient_step, params)`; returns
     `(should_skip, skip_state)`: a boolean scalar, and a pytree of arrays kept
-    in the state as `skip_state` (for monitoring). See [`eqopt.skip_not_finite`][]
-    and [`eqopt.skip_large_updates`][].
+    in the state as `skip_state` (for monitoring). See `eqopt.skip_not_finite`
+    and `eqopt.skip_large_updates`.
     """
 
     def __call__(
@@ -50,8 +51,9 @@ class ShouldSkipUpdateFunction(Protocol):
     ) -> tuple[Any, Any]: ...
 
 
+@checked
 class MultiStepsState(eqx.Module):
-    """The state of [`eqopt.MultiSteps`][].
+    """The state of `eqopt.MultiSteps`.
 
     - `mini_step`: mini-steps accumulated since the last inner update.
     - `gradient_step`: inner updates made so far.
@@ -112,6 +114,7 @@ def _concat_invariant(should_skip_update_fn) -> bool:
     )
 
 
+@checked
 class MultiSteps(AbstractGradientTransformation):
     r"""Accumulates gradients over $k$ mini-steps, then applies the wrapped optimiser once.
 
@@ -155,7 +158,7 @@ class MultiSteps(AbstractGradientTransformation):
     - `should_skip_update_fn`: optional `(updates, gradient_step, params) ->
       (should_skip, skip_state)`; a mini-step it rejects is ignored (zeros are
       returned and the state is unchanged but for `skip_state`). See
-      [`eqopt.skip_not_finite`][] and [`eqopt.skip_large_updates`][].
+      `eqopt.skip_not_finite` and `eqopt.skip_large_updates`.
     - `accumulator_dtype`: the dtype to accumulate in (default `float32`;
       `None` for the parameters' own).
 
@@ -240,6 +243,7 @@ class MultiSteps(AbstractGradientTransformation):
         )
         return zeros_like_output(skip_state)
 
+    @init_entry
     def init(self, params: Params) -> MultiStepsState:
         return MultiStepsState(
             mini_step=jnp.zeros([], jnp.int32),
@@ -249,6 +253,7 @@ class MultiSteps(AbstractGradientTransformation):
             skip_state=self._skip_state_zeros(params),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -380,13 +385,15 @@ class MultiSteps(AbstractGradientTransformation):
         return self
 
 
+@checked
 class ApplyEveryState(eqx.Module):
-    """The state of [`eqopt.ApplyEvery`][]: the step count and the running sum."""
+    """The state of `eqopt.ApplyEvery`: the step count and the running sum."""
 
     count: Int[Array, ""]
     grad_acc: Updates
 
 
+@checked
 class ApplyEvery(AbstractGradientTransformation):
     r"""Sums the updates over $k$ steps and emits the sum every $k$-th step, zeros otherwise.
 
@@ -396,10 +403,10 @@ class ApplyEvery(AbstractGradientTransformation):
     $$
 
     Transforms before it in a chain still update their state every step; to
-    apply a whole optimiser once per $k$ mini-steps use [`eqopt.MultiSteps`][].
+    apply a whole optimiser once per $k$ mini-steps use `eqopt.MultiSteps`.
 
     In Optax `ApplyEvery` is the name of this transform's state; here it is the
-    transform, and the state is [`eqopt.ApplyEveryState`][].
+    transform, and the state is `eqopt.ApplyEveryState`.
 
     **Arguments:**
 
@@ -427,11 +434,13 @@ class ApplyEvery(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return True
 
+    @init_entry
     def init(self, params: Params) -> ApplyEveryState:
         return ApplyEveryState(
             count=jnp.zeros([], jnp.int32), grad_acc=zeros_like_trainable(params)
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -454,6 +463,7 @@ class ApplyEvery(AbstractGradientTransformation):
         )
 
 
+@checked
 def apply_every(k: int | Int[Array, ""] = 1) -> ApplyEvery:
-    """Optax spelling of [`eqopt.ApplyEvery`][]."""
+    """Optax spelling of `eqopt.ApplyEvery`."""
     return ApplyEvery(k=k)

@@ -6,21 +6,19 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._base import (
-    AbstractGradientTransformation,
-    Params,
-    Updates,
-    is_none,
-    leafwise,
-)
+from .._base import AbstractGradientTransformation, Params, Updates, is_none
+from .._entry import init_entry, update_entry
 from .._interop import as_transform
+from .._leafwise import leafwise
+from .._typecheck import checked
 
 Rescale = Literal["leaf", "global", "none"]
 _RESCALES = ("leaf", "global", "none")
 
 
+@checked
 class CautiousState(eqx.Module):
-    """The state of [`eqopt.Cautious`][]: the wrapped optimiser's state (no state of its own)."""
+    """The state of `eqopt.Cautious`: the wrapped optimiser's state (no state of its own)."""
 
     inner_state: Any
 
@@ -36,6 +34,7 @@ def _agrees(u, g, descent):
     return agree.astype(jnp.float32)
 
 
+@checked
 class Cautious(AbstractGradientTransformation):
     r"""Applies an optimiser's update only where it agrees in sign with the gradient.
 
@@ -63,13 +62,13 @@ class Cautious(AbstractGradientTransformation):
     paper's Algorithm 2.
 
     **Sign convention** (`descent`): an eqopt optimiser such as
-    [`eqopt.adamw`][] returns the step to *add* to the parameters, which points
+    `eqopt.adamw` returns the step to *add* to the parameters, which points
     against the gradient, so by default a coordinate is kept where
     $-\tilde u_t$ and $g_t$ agree. To wrap a direction that is later scaled by
     a negative learning rate (a `scale_by_*` transform inside a
-    [`eqopt.chain`][]), pass `descent=False`. That is also how to leave weight
+    `eqopt.chain`), pass `descent=False`. That is also how to leave weight
     decay unmasked, as the paper's C-AdamW does: put
-    [`eqopt.add_decayed_weights`][] after the wrapper (see the example).
+    `eqopt.add_decayed_weights` after the wrapper (see the example).
     Complex updates compare $\operatorname{Re}(\bar u_t g_t)$.
 
     !!! example
@@ -124,9 +123,11 @@ class Cautious(AbstractGradientTransformation):
     def runs_on_buffers(self) -> bool:
         return self.rescale != "leaf" and self.inner.runs_on_buffers
 
+    @init_entry
     def init(self, params: Params) -> CautiousState:
         return CautiousState(inner_state=self.inner.init(params))
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -168,8 +169,9 @@ class Cautious(AbstractGradientTransformation):
         return out, CautiousState(inner_state=inner_state)
 
 
+@checked
 def cautious(
     inner: Any, rescale: Rescale = "leaf", *, descent: bool = True
 ) -> Cautious:
-    """Lowercase spelling of [`eqopt.Cautious`][]."""
+    """Lowercase spelling of `eqopt.Cautious`."""
     return Cautious(inner, rescale=rescale, descent=descent)

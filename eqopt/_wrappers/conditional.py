@@ -8,8 +8,10 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int
 
 from .._base import AbstractGradientTransformation, Params, Updates
+from .._entry import init_entry, update_entry
 from .._interop import as_transform
 from .._numerics import safe_int32_increment
+from .._typecheck import checked
 from ._control import cast_like, filter_cond, zeros_like_output
 
 
@@ -36,13 +38,15 @@ def _conditional_update(
     return filter_cond(predicate, apply, skip)
 
 
+@checked
 class ConditionallyTransformState(eqx.Module):
-    """The state of [`eqopt.ConditionallyTransform`][]: the inner state and the call count."""
+    """The state of `eqopt.ConditionallyTransform`: the inner state and the call count."""
 
     inner_state: Any
     step: Int[Array, ""]
 
 
+@checked
 class ConditionallyTransform(AbstractGradientTransformation):
     r"""Applies `inner` at the steps chosen by `should_transform_fn`; passes updates through otherwise.
 
@@ -54,7 +58,7 @@ class ConditionallyTransform(AbstractGradientTransformation):
     $$
 
     The choice is a `lax.cond`, so `inner` runs only when chosen. To return
-    zeros instead of the updates, use [`eqopt.ConditionallyMask`][].
+    zeros instead of the updates, use `eqopt.ConditionallyMask`.
 
     **Arguments:**
 
@@ -102,11 +106,13 @@ class ConditionallyTransform(AbstractGradientTransformation):
     def runs_on_buffers(self) -> bool:
         return self.inner.runs_on_buffers
 
+    @init_entry
     def init(self, params: Params) -> ConditionallyTransformState:
         return ConditionallyTransformState(
             inner_state=self.inner.init(params), step=jnp.zeros([], jnp.int32)
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -128,22 +134,25 @@ class ConditionallyTransform(AbstractGradientTransformation):
         )
 
 
+@checked
 def conditionally_transform(
     inner: Any,
     should_transform_fn: Callable[..., Any],
     forward_extra_args: bool = False,
 ) -> ConditionallyTransform:
-    """Optax spelling of [`eqopt.ConditionallyTransform`][]."""
+    """Optax spelling of `eqopt.ConditionallyTransform`."""
     return ConditionallyTransform(inner, should_transform_fn, forward_extra_args)
 
 
+@checked
 class ConditionallyMaskState(eqx.Module):
-    """The state of [`eqopt.ConditionallyMask`][]: the call count and the inner state."""
+    """The state of `eqopt.ConditionallyMask`: the call count and the inner state."""
 
     step: Int[Array, ""]
     inner_state: Any
 
 
+@checked
 class ConditionallyMask(AbstractGradientTransformation):
     r"""Applies `inner` at the steps chosen by `should_transform_fn`; returns zeros otherwise.
 
@@ -155,7 +164,7 @@ class ConditionallyMask(AbstractGradientTransformation):
     $$
 
     The choice is a `lax.cond`, so `inner` runs only when chosen. To pass the
-    updates through instead of zeros, use [`eqopt.ConditionallyTransform`][].
+    updates through instead of zeros, use `eqopt.ConditionallyTransform`.
 
     **Arguments:**
 
@@ -188,11 +197,13 @@ class ConditionallyMask(AbstractGradientTransformation):
     def runs_on_buffers(self) -> bool:
         return self.inner.runs_on_buffers
 
+    @init_entry
     def init(self, params: Params) -> ConditionallyMaskState:
         return ConditionallyMaskState(
             step=jnp.zeros([], jnp.int32), inner_state=self.inner.init(params)
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -214,10 +225,11 @@ class ConditionallyMask(AbstractGradientTransformation):
         )
 
 
+@checked
 def conditionally_mask(
     inner: Any,
     should_transform_fn: Callable[..., Any],
     forward_extra_args: bool = False,
 ) -> ConditionallyMask:
-    """Optax spelling of [`eqopt.ConditionallyMask`][]."""
+    """Optax spelling of `eqopt.ConditionallyMask`."""
     return ConditionallyMask(inner, should_transform_fn, forward_extra_args)

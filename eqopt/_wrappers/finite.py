@@ -8,9 +8,11 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Int, PyTree, Real
 
 from .._base import AbstractGradientTransformation, Params, Updates
+from .._entry import init_entry, update_entry
 from .._hyper import IntScalar, as_int_scalar, check_hyperparameter
 from .._interop import as_transform
 from .._numerics import abs_squared, safe_int32_increment
+from .._typecheck import checked
 from ._control import select, zeros_like_output
 
 
@@ -25,8 +27,9 @@ def _all_finite(updates: Any) -> Bool[Array, ""]:
     return jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves]).all()
 
 
+@checked
 class ApplyIfFiniteState(eqx.Module):
-    """The state of [`eqopt.ApplyIfFinite`][] (Optax's fields).
+    """The state of `eqopt.ApplyIfFinite` (Optax's fields).
 
     - `notfinite_count`: consecutive steps whose gradients had an Inf or a NaN
       (reset to 0 by a finite step).
@@ -41,6 +44,7 @@ class ApplyIfFiniteState(eqx.Module):
     inner_state: Any
 
 
+@checked
 class ApplyIfFinite(AbstractGradientTransformation):
     r"""Skips the steps whose gradients hold an Inf or a NaN, up to a limit.
 
@@ -98,6 +102,7 @@ class ApplyIfFinite(AbstractGradientTransformation):
     def runs_on_buffers(self) -> bool:
         return self.inner.runs_on_buffers
 
+    @init_entry
     def init(self, params: Params) -> ApplyIfFiniteState:
         return ApplyIfFiniteState(
             notfinite_count=jnp.zeros([], jnp.int32),
@@ -106,6 +111,7 @@ class ApplyIfFinite(AbstractGradientTransformation):
             inner_state=self.inner.init(params),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -135,17 +141,19 @@ class ApplyIfFinite(AbstractGradientTransformation):
         )
 
 
+@checked
 def apply_if_finite(inner: Any, max_consecutive_errors: int) -> ApplyIfFinite:
-    """Optax spelling of [`eqopt.ApplyIfFinite`][]."""
+    """Optax spelling of `eqopt.ApplyIfFinite`."""
     return ApplyIfFinite(inner, max_consecutive_errors)
 
 
+@checked
 def skip_not_finite(
     updates: PyTree[Any],
     gradient_step: Int[ArrayLike, ""],
     params: Params | None,
 ) -> tuple[Bool[Array, ""], dict[str, Array]]:
-    r"""A `should_skip_update_fn` for [`eqopt.MultiSteps`][]: skip a step holding an Inf or a NaN.
+    r"""A `should_skip_update_fn` for `eqopt.MultiSteps`: skip a step holding an Inf or a NaN.
 
     $$ \text{skip} \iff \exists i:\ g_i \notin \mathbb{R} $$
 
@@ -171,13 +179,14 @@ def skip_not_finite(
     return should_skip, {"should_skip": should_skip, "num_not_finite": num_not_finite}
 
 
+@checked
 def skip_large_updates(
     updates: PyTree[Any],
     gradient_step: Int[ArrayLike, ""],
     params: Params | None,
     max_squared_norm: Real[ArrayLike, ""],
 ) -> tuple[Bool[Array, ""], dict[str, Array]]:
-    r"""A `should_skip_update_fn` for [`eqopt.MultiSteps`][]: skip a step with a large norm.
+    r"""A `should_skip_update_fn` for `eqopt.MultiSteps`: skip a step with a large norm.
 
     $$ \text{skip} \iff \neg\big(\|g\|_2^2 < N\big) $$
 

@@ -11,11 +11,13 @@ from .._base import (
     AbstractGradientTransformation,
     Params,
     Updates,
-    check_updates,
     is_none,
     is_trainable,
 )
+from .._checks import check_updates
+from .._entry import init_entry, update_entry
 from .._interop import as_transform
+from .._typecheck import checked
 
 
 @no_type_check
@@ -72,12 +74,14 @@ def _unravel(flat: Any, updates: Any, positions: list[int], like: Any) -> Any:
     return jax.tree.unflatten(treedef, out)
 
 
+@checked
 class FlattenState(eqx.Module):
-    """The state of [`eqopt.Flatten`][]: the inner transform's state, for the flat vector."""
+    """The state of `eqopt.Flatten`: the inner transform's state, for the flat vector."""
 
     inner_state: Any
 
 
+@checked
 class Flatten(AbstractGradientTransformation):
     r"""Runs `inner` on one flat vector holding every trainable leaf of the model.
 
@@ -102,7 +106,7 @@ class Flatten(AbstractGradientTransformation):
       `float32` gives a `float32` vector, real with complex a complex one. Each
       update is cast back to its own leaf's dtype (the real part for a real
       leaf). To keep low-precision leaves in their own buffers instead, wrap
-      each dtype's leaves separately with [`eqopt.partition`][].
+      each dtype's leaves separately with `eqopt.partition`.
 
     **Arguments:**
 
@@ -132,10 +136,12 @@ class Flatten(AbstractGradientTransformation):
     def runs_on_buffers(self) -> bool:
         return self.inner.runs_on_buffers
 
+    @init_entry
     def init(self, params: Params) -> FlattenState:
         positions = _positions(params)
         return FlattenState(self.inner.init(_ravel(params, positions, params)))
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -157,6 +163,7 @@ class Flatten(AbstractGradientTransformation):
         )
 
 
+@checked
 def flatten(inner: Any) -> Flatten:
-    """Optax spelling of [`eqopt.Flatten`][]."""
+    """Optax spelling of `eqopt.Flatten`."""
     return Flatten(inner)

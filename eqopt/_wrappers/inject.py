@@ -26,8 +26,10 @@ from .._base import (
     is_trainable,
 )
 from .._deprecation import deprecated
+from .._entry import init_entry, update_entry
 from .._hyper import Schedule, weakly_typed
 from .._numerics import safe_int32_increment
+from .._typecheck import checked
 from ..schedules._stateful import as_stateful, is_stateful_schedule
 from ._arguments import (
     bind_arguments,
@@ -185,8 +187,9 @@ class _AbstractInjectHyperparams(AbstractGradientTransformation):
         return bool(self._build(values).runs_on_buffers)
 
 
+@checked
 class InjectHyperparamsState(eqx.Module):
-    """The state of [`eqopt.InjectHyperparams`][].
+    """The state of `eqopt.InjectHyperparams`.
 
     - `count`: the number of updates so far.
     - `hyperparams`: the value of every numeric hyperparameter, scheduled ones
@@ -203,6 +206,7 @@ class InjectHyperparamsState(eqx.Module):
     inner_state: OptState
 
 
+@checked
 class InjectHyperparams(_AbstractInjectHyperparams):
     """Keeps the current value of every numeric hyperparameter in the optimiser state.
 
@@ -224,7 +228,7 @@ class InjectHyperparams(_AbstractInjectHyperparams):
 
     - a name in `static_args`, or a `bool`, is passed through unchanged;
     - a callable is a schedule of the step count (an
-      [`eqopt.schedules.AbstractSchedule`][] or any function);
+      `eqopt.schedules.AbstractSchedule` or any function);
     - a number or array is a numeric hyperparameter;
     - anything else (`None`, a string, a dtype) is passed through unchanged.
 
@@ -242,7 +246,7 @@ class InjectHyperparams(_AbstractInjectHyperparams):
     **Arguments:**
 
     - `inner_factory`: a callable returning a transform, such as
-      [`eqopt.adam`][] or [`eqopt.ScaleByAdam`][].
+      `eqopt.adam` or `eqopt.ScaleByAdam`.
     - `args`, `kwargs`: the arguments for `inner_factory`; numbers may be
       replaced by schedules.
     - `static_args`: a name or names of arguments to pass through unchanged
@@ -292,6 +296,7 @@ class InjectHyperparams(_AbstractInjectHyperparams):
             **self._scheduled_values(count, dtype),
         }, None
 
+    @init_entry
     def init(self, params: Params) -> InjectHyperparamsState:
         values, _ = self._initial_values(self._dtype(params))
         return InjectHyperparamsState(
@@ -300,6 +305,7 @@ class InjectHyperparams(_AbstractInjectHyperparams):
             inner_state=self._build(values).init(params),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -320,12 +326,13 @@ class InjectHyperparams(_AbstractInjectHyperparams):
         )
 
 
+@checked
 class InjectStatefulHyperparamsState(eqx.Module):
-    """The state of [`eqopt.InjectStatefulHyperparams`][].
+    """The state of `eqopt.InjectStatefulHyperparams`.
 
-    As [`eqopt.InjectHyperparamsState`][], with `hyperparams_states`: the state
+    As `eqopt.InjectHyperparamsState`, with `hyperparams_states`: the state
     of each schedule, by hyperparameter name (for a plain schedule, a
-    [`eqopt.ScheduleCountState`][] counting its steps).
+    `eqopt.ScheduleCountState` counting its steps).
     """
 
     count: Int[Array, ""]
@@ -334,10 +341,11 @@ class InjectStatefulHyperparamsState(eqx.Module):
     inner_state: OptState
 
 
+@checked
 class InjectStatefulHyperparams(_AbstractInjectHyperparams):
-    """Like [`eqopt.InjectHyperparams`][], with schedules that keep a state.
+    """Like `eqopt.InjectHyperparams`, with schedules that keep a state.
 
-    A stateful schedule ([`eqopt.AbstractStatefulSchedule`][], or any object
+    A stateful schedule (`eqopt.AbstractStatefulSchedule`, or any object
     with Optax's `init()`, `update(state, **extra_args)` and
     `__call__(state, **extra_args)`) has its state in
     `state.hyperparams_states`. Each update evaluates it on its current state
@@ -350,11 +358,11 @@ class InjectStatefulHyperparams(_AbstractInjectHyperparams):
 
     - a name in `static_args`, or a `bool`, is passed through unchanged;
     - a callable is a schedule: a stateful one as above, or a schedule of the
-      step count (an [`eqopt.schedules.AbstractSchedule`][] or any function);
+      step count (an `eqopt.schedules.AbstractSchedule` or any function);
     - a number or array is a numeric hyperparameter;
     - anything else (`None`, a string, a dtype) is passed through unchanged.
 
-    **Arguments:** as [`eqopt.InjectHyperparams`][].
+    **Arguments:** as `eqopt.InjectHyperparams`.
 
     !!! note "Example, with a stateful schedule of your own"
 
@@ -397,6 +405,7 @@ class InjectStatefulHyperparams(_AbstractInjectHyperparams):
             )
         return values, schedule_states
 
+    @init_entry
     def init(self, params: Params) -> InjectStatefulHyperparamsState:
         values, schedule_states = self._initial_values(self._dtype(params))
         return InjectStatefulHyperparamsState(
@@ -406,6 +415,7 @@ class InjectStatefulHyperparams(_AbstractInjectHyperparams):
             inner_state=self._build(values).init(params),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -437,22 +447,23 @@ class InjectStatefulHyperparams(_AbstractInjectHyperparams):
         )
 
 
+@checked
 def inject_hyperparams(
     inner_factory: Callable[..., Any],
     static_args: str | Iterable[str] = (),
     hyperparam_dtype: DTypeLike | None = None,
 ) -> Callable[..., InjectHyperparams | InjectStatefulHyperparams]:
-    """Optax spelling of [`eqopt.InjectHyperparams`][]: keeps hyperparameters in the state.
+    """Optax spelling of `eqopt.InjectHyperparams`: keeps hyperparameters in the state.
 
     **Arguments:**
 
-    - `inner_factory`: a callable returning a transform, such as [`eqopt.adam`][].
+    - `inner_factory`: a callable returning a transform, such as `eqopt.adam`.
     - `static_args`: a name or names of arguments to pass through unchanged.
     - `hyperparam_dtype`: the dtype of floating hyperparameters in the state.
 
     **Returns:** a function taking `inner_factory`'s arguments (numbers may be
-    replaced by schedules) and returning an [`eqopt.InjectHyperparams`][], or an
-    [`eqopt.InjectStatefulHyperparams`][] if any argument is a stateful schedule.
+    replaced by schedules) and returning an `eqopt.InjectHyperparams`, or an
+    `eqopt.InjectStatefulHyperparams` if any argument is a stateful schedule.
 
     !!! example
 
@@ -487,17 +498,18 @@ def inject_hyperparams(
 
 
 @deprecated("`eqopt.inject_hyperparams` (it takes stateful schedules too)")
+@checked
 def inject_stateful_hyperparams(
     inner_factory: Callable[..., Any],
     static_args: str | Iterable[str] = (),
     hyperparam_dtype: DTypeLike | None = None,
 ) -> Callable[..., InjectStatefulHyperparams]:
-    """Optax spelling of [`eqopt.InjectStatefulHyperparams`][]: stateful schedules in the state.
+    """Optax spelling of `eqopt.InjectStatefulHyperparams`: stateful schedules in the state.
 
-    **Arguments:** as [`eqopt.inject_hyperparams`][].
+    **Arguments:** as `eqopt.inject_hyperparams`.
 
     **Returns:** a function taking `inner_factory`'s arguments and returning an
-    [`eqopt.InjectStatefulHyperparams`][] (whose state always has
+    `eqopt.InjectStatefulHyperparams` (whose state always has
     `hyperparams_states`).
     """
     signature = factory_signature(inner_factory)

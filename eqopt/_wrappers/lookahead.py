@@ -13,17 +13,20 @@ from .._base import (
     AbstractGradientTransformation,
     Params,
     Updates,
-    check_updates,
     is_none,
     is_trainable,
 )
+from .._checks import check_updates
+from .._entry import init_entry, update_entry
 from .._hyper import Scalar, ScalarLike, as_scalar, check_hyperparameter, is_concrete
 from .._interop import as_transform
+from .._typecheck import checked
 from ._control import select
 
 
+@checked
 class LookaheadParams(eqx.Module):
-    """The fast and slow weights of [`eqopt.Lookahead`][], as one pytree.
+    """The fast and slow weights of `eqopt.Lookahead`, as one pytree.
 
     Compute gradients with the fast weights (`params.fast`); evaluate with the
     slow ones (`params.slow`), which generalise better. Both are whole models
@@ -54,8 +57,9 @@ class LookaheadParams(eqx.Module):
         return cls(fast=params, slow=params)
 
 
+@checked
 class LookaheadState(eqx.Module):
-    """The state of [`eqopt.Lookahead`][].
+    """The state of `eqopt.Lookahead`.
 
     - `fast_state`: the fast optimiser's state.
     - `steps_since_sync`: fast steps taken since the slow weights were last synced.
@@ -108,6 +112,7 @@ def _check_params(params: Any, where: str) -> LookaheadParams:
     return params
 
 
+@checked
 class Lookahead(AbstractGradientTransformation):
     r"""Lookahead: $k$ steps of a fast optimiser, then one step of the slow weights towards them.
 
@@ -120,7 +125,7 @@ class Lookahead(AbstractGradientTransformation):
     \theta \leftarrow \theta + \alpha(\phi_t - \theta), \quad \phi_t \leftarrow \theta
     $$
 
-    The parameters are a [`eqopt.LookaheadParams`][] (`fast`, `slow`), the
+    The parameters are a `eqopt.LookaheadParams` (`fast`, `slow`), the
     gradients are taken with respect to `params.fast`, and the updates returned
     are a `LookaheadParams` of updates for both: apply them unchanged with
     `eqopt.apply_updates(params, updates)` (modifying them would break the sync).
@@ -182,6 +187,7 @@ class Lookahead(AbstractGradientTransformation):
     def runs_on_buffers(self) -> bool:
         return self.fast_optimizer.runs_on_buffers
 
+    @init_entry
     def init(self, params: Params) -> LookaheadState:
         params = _check_params(params, "init")
         return LookaheadState(
@@ -189,6 +195,7 @@ class Lookahead(AbstractGradientTransformation):
             steps_since_sync=jnp.zeros([], jnp.int32),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -245,11 +252,12 @@ class Lookahead(AbstractGradientTransformation):
 
 
 @no_type_check
+@checked
 def lookahead(
     fast_optimizer: Any,
     sync_period: int | Int[Array, ""],
     slow_step_size: ScalarLike,
     reset_state: bool = False,
 ) -> Lookahead:
-    """Optax spelling of [`eqopt.Lookahead`][]."""
+    """Optax spelling of `eqopt.Lookahead`."""
     return Lookahead(fast_optimizer, sync_period, slow_step_size, reset_state)

@@ -14,6 +14,7 @@ from .._base import (
     Updates,
     is_none,
 )
+from .._entry import init_entry, update_entry
 from .._filters import (
     FilterSpec,
     keep_selected,
@@ -24,14 +25,17 @@ from .._filters import (
 )
 from .._interop import as_transform
 from .._transform.basic import SetToZero
+from .._typecheck import checked
 
 
+@checked
 class MaskedState(eqx.Module):
-    """The state of [`eqopt.Masked`][]: the inner state, for the selected leaves only."""
+    """The state of `eqopt.Masked`: the inner state, for the selected leaves only."""
 
     inner_state: OptState
 
 
+@checked
 class Masked(AbstractGradientTransformation):
     """Applies `inner` to the selected leaves only; the others pass through unchanged.
 
@@ -88,6 +92,7 @@ class Masked(AbstractGradientTransformation):
             self.mask, tree, what="mask", fix="masked(inner, mask_fn(params))"
         )
 
+    @init_entry
     def init(self, params: Params) -> MaskedState:
         selection = self._selection(params)
         warn_if_selects_nothing(
@@ -98,6 +103,7 @@ class Masked(AbstractGradientTransformation):
         )
         return MaskedState(self.inner.init(keep_selected(params, selection)))
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -123,10 +129,11 @@ class Masked(AbstractGradientTransformation):
         )
 
 
+@checked
 def masked(
     inner: Any, mask: FilterSpec, *, mask_compatible_extra_args: bool = False
 ) -> Masked:
-    """Optax spelling of [`eqopt.Masked`][].
+    """Optax spelling of `eqopt.Masked`.
 
     `mask_compatible_extra_args` is accepted for Optax compatibility: eqopt
     forwards every extra argument unchanged.
@@ -134,13 +141,14 @@ def masked(
     return Masked(inner=inner, mask=mask)
 
 
+@checked
 class Freeze(AbstractGradientTransformation):
     r"""Freezes the selected leaves: they do not move, and no state is kept for them.
 
     $$ u_i \mapsto 0 \quad \text{for the selected leaves } i $$
 
     Alone, it sets the updates of the selected leaves to zero and passes the
-    others through. In a [`eqopt.chain`][] it freezes for the whole chain,
+    others through. In a `eqopt.chain` it freezes for the whole chain,
     wherever it stands: the parts after it see `None` at the frozen leaves, as
     for a leaf that is not differentiated, so they keep no state for them
     (Adam's moments are `None` there) and add nothing to them (weight decay
@@ -169,7 +177,7 @@ class Freeze(AbstractGradientTransformation):
 
     mask: FilterSpec
 
-    #: It freezes leaves for the chain around it (see [`eqopt.Chain`][]).
+    #: It freezes leaves for the chain around it (see `eqopt.Chain`).
     freezes: ClassVar[bool] = True
 
     @property
@@ -181,6 +189,7 @@ class Freeze(AbstractGradientTransformation):
         """The leaves this transform freezes: a tree of bools shaped like `tree`."""
         return select_trainable(self.mask, tree, what="freeze mask")
 
+    @init_entry
     def init(self, params: Params) -> EmptyState:
         warn_if_selects_nothing(
             self.frozen_selection(params),
@@ -190,6 +199,7 @@ class Freeze(AbstractGradientTransformation):
         )
         return EmptyState()
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -202,8 +212,9 @@ class Freeze(AbstractGradientTransformation):
         return merge_selected(zeros, updates, frozen), state
 
 
+@checked
 def freeze(mask: FilterSpec) -> Freeze:
-    """Optax spelling of [`eqopt.Freeze`][]: the selected leaves do not move.
+    """Optax spelling of `eqopt.Freeze`: the selected leaves do not move.
 
     Unlike Optax's `freeze` (a masked `set_to_zero`, which a later weight decay
     still moves), the leaves stay frozen wherever `freeze` stands in a chain.
@@ -211,6 +222,7 @@ def freeze(mask: FilterSpec) -> Freeze:
     return Freeze(mask=mask)
 
 
+@checked
 class SelectiveTransform(AbstractGradientTransformation):
     """Trains the leaves not selected by `freeze_mask` with `optimizer`; freezes the rest.
 
@@ -238,6 +250,7 @@ class SelectiveTransform(AbstractGradientTransformation):
         trained = jax.tree.map(lambda f: not f, frozen, is_leaf=is_none)
         return Masked(inner=self.optimizer, mask=trained)
 
+    @init_entry
     def init(self, params: Params) -> OptState:
         warn_if_selects_nothing(
             select_trainable(self.freeze_mask, params, what="freeze mask"),
@@ -251,6 +264,7 @@ class SelectiveTransform(AbstractGradientTransformation):
             warnings.simplefilter("ignore")
             return trained.init(params)
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -266,8 +280,9 @@ class SelectiveTransform(AbstractGradientTransformation):
         return updates, state
 
 
+@checked
 def selective_transform(
     optimizer: Any, *, freeze_mask: FilterSpec
 ) -> SelectiveTransform:
-    """Optax spelling of [`eqopt.SelectiveTransform`][]."""
+    """Optax spelling of `eqopt.SelectiveTransform`."""
     return SelectiveTransform(optimizer=optimizer, freeze_mask=freeze_mask)

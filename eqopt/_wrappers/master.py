@@ -8,16 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Inexact, Int, Key, UInt32
 
-from .._base import (
-    AbstractGradientTransformation,
-    Params,
-    Updates,
-    require_params,
-)
+from .._base import AbstractGradientTransformation, Params, Updates
+from .._entry import init_entry, update_entry
 from .._interop import as_transform
+from .._leafwise import require_params
 from .._leaves import is_none
 from .._numerics import safe_int32_increment
 from .._transform.noise import KeyLike, _key_data_and_impl
+from .._typecheck import checked
 
 
 @no_type_check
@@ -29,6 +27,7 @@ def _is_low_precision(x: Any) -> bool:
     )
 
 
+@checked
 def stochastic_round(
     x: Float[Array, "*shape"], dtype: Any, key: Key[Array, ""]
 ) -> Inexact[Array, "*shape"]:
@@ -92,20 +91,22 @@ def _map_leaves(fn, updates, *trees):
     return [fn(*args) for args in zip(leaves, *others, strict=True)], treedef
 
 
+@checked
 class StochasticRoundingState(eqx.Module):
-    """The state of [`eqopt.StochasticRounding`][]: the step count and the raw data of the next key."""
+    """The state of `eqopt.StochasticRounding`: the step count and the raw data of the next key."""
 
     count: Int[Array, ""]
     rng_key: UInt32[Array, " key_data"]
 
 
+@checked
 class StochasticRounding(AbstractGradientTransformation):
     r"""Makes `apply_updates` round low-precision parameters stochastically.
 
     Put it last in a chain. For every `bfloat16` or `float16` parameter it
     returns the float32 update that takes $\theta$ to
-    $\operatorname{SR}(\theta + u)$ (see [`eqopt.stochastic_round`][]), so
-    [`eqopt.apply_updates`][] lands exactly on the stochastically rounded value:
+    $\operatorname{SR}(\theta + u)$ (see `eqopt.stochastic_round`), so
+    `eqopt.apply_updates` lands exactly on the stochastically rounded value:
 
     $$
     u'_t = \operatorname{SR}_{\xi_t}(\theta_{t-1} + u_t) - \theta_{t-1}
@@ -143,6 +144,7 @@ class StochasticRounding(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return False
 
+    @init_entry
     def init(self, params: Params) -> StochasticRoundingState:
         # A copy of the key: a step that donates the optimiser and the state
         # cannot take one buffer twice.
@@ -150,6 +152,7 @@ class StochasticRounding(AbstractGradientTransformation):
             count=jnp.zeros([], jnp.int32), rng_key=jnp.array(self.key, copy=True)
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -182,13 +185,15 @@ class StochasticRounding(AbstractGradientTransformation):
         )
 
 
+@checked
 def stochastic_rounding(key: KeyLike = 0) -> StochasticRounding:
-    """Stochastic rounding of low-precision parameters: see [`eqopt.StochasticRounding`][]."""
+    """Stochastic rounding of low-precision parameters: see `eqopt.StochasticRounding`."""
     return StochasticRounding(key)
 
 
+@checked
 class MasterWeightsState(eqx.Module):
-    """The state of [`eqopt.MasterWeights`][].
+    """The state of `eqopt.MasterWeights`.
 
     - `master`: the float32 copy of every low-precision parameter (`None` where
       a parameter is float32 or wider, or not trained).
@@ -199,6 +204,7 @@ class MasterWeightsState(eqx.Module):
     inner_state: Any
 
 
+@checked
 class MasterWeights(AbstractGradientTransformation):
     r"""Trains float32 master copies of low-precision parameters.
 
@@ -206,7 +212,7 @@ class MasterWeights(AbstractGradientTransformation):
     `float16` parameter. The inner optimiser sees float32 gradients and the
     master weights, and its update is applied to them; the returned update
     moves the low-precision parameter to the rounded master copy, so
-    [`eqopt.apply_updates`][] keeps working:
+    `eqopt.apply_updates` keeps working:
 
     $$
     \theta^{32}_t = \theta^{32}_{t-1} + \operatorname{inner}(g_t), \qquad
@@ -255,6 +261,7 @@ class MasterWeights(AbstractGradientTransformation):
             lambda m, p: p if m is None else m, master, params, is_leaf=is_none
         )
 
+    @init_entry
     def init(self, params: Params) -> MasterWeightsState:
         master = jax.tree.map(
             lambda p: p.astype(jnp.float32) if _is_low_precision(p) else None, params
@@ -263,6 +270,7 @@ class MasterWeights(AbstractGradientTransformation):
             master=master, inner_state=self.inner.init(self._full(params, master))
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -299,6 +307,7 @@ class MasterWeights(AbstractGradientTransformation):
         return new_updates, MasterWeightsState(master=master, inner_state=inner_state)
 
 
+@checked
 def master_weights(inner: Any) -> MasterWeights:
-    """Float32 master weights for low-precision params: see [`eqopt.MasterWeights`][]."""
+    """Float32 master weights for low-precision params: see `eqopt.MasterWeights`."""
     return MasterWeights(inner)

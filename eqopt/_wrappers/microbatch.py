@@ -11,9 +11,11 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Int
 
+from .._typecheck import checked
+
 
 class AccumulationType(enum.Enum):
-    """How [`eqopt.microbatch`][] combines the results of the micro-batches.
+    """How `eqopt.microbatch` combines the results of the micro-batches.
 
     - `MEAN`: the sum divided by the number of micro-batches.
     - `SUM`: the sum.
@@ -31,7 +33,7 @@ class AccumulationType(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Accumulator:
-    """A custom way of combining micro-batch results in [`eqopt.microbatch`][].
+    """A custom way of combining micro-batch results in `eqopt.microbatch`.
 
     The micro-batched function computes
 
@@ -136,6 +138,7 @@ def _as_tuple(value: Any) -> tuple:
     return tuple(value)
 
 
+@checked
 def microbatch(
     fun: Callable[..., Any],
     argnums: int | Sequence[int],
@@ -170,8 +173,8 @@ def microbatch(
     - `microbatch_size`: rows per micro-batch; it must divide the batch size.
       `None` evaluates `fun` on the whole batch at once.
     - `accumulator`: how to combine the results: an
-      [`eqopt.microbatching.AccumulationType`][], an
-      [`eqopt.microbatching.Accumulator`][], or a prefix tree of them matching
+      `eqopt.microbatching.AccumulationType`, an
+      `eqopt.microbatching.Accumulator`, or a prefix tree of them matching
       `fun`'s output (`SUM` by default).
     - `argnames`: the names of keyword arguments that have a batch axis.
     - `in_axes`: the batch axis of each batched argument (`argnums` first, then

@@ -16,9 +16,11 @@ from .._base import (
     Updates,
     is_trainable,
 )
+from .._entry import init_entry, update_entry
 from .._hyper import Scalar, ScalarLike, as_scalar, check_decays
 from .._interop import as_transform
 from .._numerics import safe_int32_increment
+from .._typecheck import checked
 from ._control import zeros_like_output
 
 
@@ -59,12 +61,14 @@ def _measure_update(measure, updates, state, params, extra_args) -> tuple[Any, A
     return measure(updates), state
 
 
+@checked
 class SnapshotState(eqx.Module):
-    """The state of [`eqopt.Snapshot`][]: `{measure_name: measurement}`."""
+    """The state of `eqopt.Snapshot`: `{measure_name: measurement}`."""
 
     measurement: dict[str, PyTree[Any]]
 
 
+@checked
 class Snapshot(AbstractGradientTransformation):
     r"""Stores a measurement of the updates in the state; the updates pass through unchanged.
 
@@ -103,10 +107,12 @@ class Snapshot(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return True
 
+    @init_entry
     def init(self, params: Params) -> SnapshotState:
         _, zeros = _measure_init(self.measure, params)
         return SnapshotState(measurement={self.measure_name: zeros})
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -119,13 +125,15 @@ class Snapshot(AbstractGradientTransformation):
         )
 
 
+@checked
 def snapshot(measure_name: str, measure: Callable[..., Any]) -> Snapshot:
-    """Optax spelling of [`eqopt.Snapshot`][]."""
+    """Optax spelling of `eqopt.Snapshot`."""
     return Snapshot(measure_name=measure_name, measure=measure)
 
 
+@checked
 class MonitorState(eqx.Module):
-    """The state of [`eqopt.Monitor`][].
+    """The state of `eqopt.Monitor`.
 
     - `measurements`: `{name: latest measurement}`, read with
       `eqopt.tree.get(state, name)`.
@@ -137,6 +145,7 @@ class MonitorState(eqx.Module):
     measure_states: tuple[Any, ...]
 
 
+@checked
 class Monitor(AbstractGradientTransformation):
     r"""Records several measurements of the updates, some of them stateful; updates pass through.
 
@@ -144,7 +153,7 @@ class Monitor(AbstractGradientTransformation):
 
     Each measure is a callable of the updates (stored as it is), or a
     transform whose `update` returns the measurement and its new state, such
-    as [`eqopt.measure_with_ema`][]. Read a value with
+    as `eqopt.measure_with_ema`. Read a value with
     `eqopt.tree.get(state, name)`.
 
     Unlike Optax, whose state starts with no measurement and gains them at the
@@ -187,6 +196,7 @@ class Monitor(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return True
 
+    @init_entry
     def init(self, params: Params) -> MonitorState:
         states, measurements = [], {}
         for name, measure in self.measures.items():
@@ -195,6 +205,7 @@ class Monitor(AbstractGradientTransformation):
             measurements[name] = zeros
         return MonitorState(measurements=measurements, measure_states=tuple(states))
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -216,20 +227,23 @@ class Monitor(AbstractGradientTransformation):
         )
 
 
+@checked
 def monitor(measures: dict[str, Any]) -> Monitor:
-    """Optax spelling of [`eqopt.Monitor`][]."""
+    """Optax spelling of `eqopt.Monitor`."""
     return Monitor(measures)
 
 
+@checked
 class MeasureWithEmaState(eqx.Module):
-    """The state of [`eqopt.MeasureWithEma`][]: the step count and the moving average."""
+    """The state of `eqopt.MeasureWithEma`: the step count and the moving average."""
 
     count: Int[Array, ""]
     ema: PyTree[Any]
 
 
+@checked
 class MeasureWithEma(AbstractGradientTransformation):
-    r"""A measure for [`eqopt.monitor`][]: the exponential moving average of a measurement.
+    r"""A measure for `eqopt.monitor`: the exponential moving average of a measurement.
 
     $$
     e_t = \beta e_{t-1} + (1 - \beta)\, m(g_t), \qquad
@@ -238,7 +252,7 @@ class MeasureWithEma(AbstractGradientTransformation):
     $$
 
     Its `update` returns the (debiased) average, not updates: use it as a
-    value of the `measures` dict of [`eqopt.monitor`][]. A boolean or integer
+    value of the `measures` dict of `eqopt.monitor`. A boolean or integer
     measurement (`norm > threshold`) is averaged as a float, so the average
     of an indicator is a frequency.
 
@@ -271,6 +285,7 @@ class MeasureWithEma(AbstractGradientTransformation):
             return measurement.dtype
         return jnp.result_type(float)
 
+    @init_entry
     def init(self, params: Params) -> MeasureWithEmaState:
         shape = eqx.filter_eval_shape(self.measure, _updates_like(params))
         return MeasureWithEmaState(
@@ -278,6 +293,7 @@ class MeasureWithEma(AbstractGradientTransformation):
             ema=jax.tree.map(lambda s: jnp.zeros(s.shape, self._dtype(s)), shape),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -303,13 +319,14 @@ class MeasureWithEma(AbstractGradientTransformation):
         return value, MeasureWithEmaState(count=count, ema=ema)
 
 
+@checked
 def measure_with_ema(
     measure: Callable[..., Any],
     decay: ScalarLike,
     debias: bool = True,
     accumulator_dtype: DTypeLike | None = None,
 ) -> MeasureWithEma:
-    """Optax spelling of [`eqopt.MeasureWithEma`][]."""
+    """Optax spelling of `eqopt.MeasureWithEma`."""
     return MeasureWithEma(
         measure=measure,
         decay=decay,

@@ -17,6 +17,7 @@ from .._base import (
     path_str,
 )
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._hyper import (
     Scalar,
     ScalarLike,
@@ -27,6 +28,7 @@ from .._hyper import (
 from .._numerics import abs_squared
 from .._transform.basic import Identity, ScaleByLearningRate
 from .._transform.momentum import Trace
+from .._typecheck import checked
 
 
 def _present(grads: Any) -> list[Array]:
@@ -67,6 +69,7 @@ def _check_batched(grads: Any, what: str) -> int:
     return batch_sizes.pop() if batch_sizes else 0
 
 
+@checked
 def per_example_global_norm_clip(
     grads: PyTree[Any], l2_norm_clip: Real[ArrayLike, ""]
 ) -> tuple[PyTree[Any], Int[Array, ""]]:
@@ -108,6 +111,7 @@ def per_example_global_norm_clip(
     return summed, jnp.sum(clipped, dtype=jnp.int32)
 
 
+@checked
 def per_example_layer_norm_clip(
     grads: PyTree[Any], global_l2_norm_clip: Real[ArrayLike, ""], uniform: bool = True
 ) -> tuple[PyTree[Any], PyTree[Any]]:
@@ -122,7 +126,7 @@ def per_example_layer_norm_clip(
     $$
 
     so that the whole gradient of an example has norm at most $C$. With one
-    leaf this is [`eqopt.per_example_global_norm_clip`][].
+    leaf this is `eqopt.per_example_global_norm_clip`.
 
     **Arguments:**
 
@@ -162,8 +166,9 @@ def per_example_layer_norm_clip(
     return summed, counts
 
 
+@checked
 class DifferentiallyPrivateAggregateState(eqx.Module):
-    """The state of [`eqopt.DifferentiallyPrivateAggregate`][]: the PRNG key for the next step.
+    """The state of `eqopt.DifferentiallyPrivateAggregate`: the PRNG key for the next step.
 
     - `rng_key`: the key's raw data (`jax.random.key_data`), so that the state
       serialises with `eqx.tree_serialise_leaves` (a typed key does not).
@@ -219,6 +224,7 @@ def _as_key(key: Any, seed: Any) -> PRNGKeyArray:
     return key
 
 
+@checked
 class DifferentiallyPrivateAggregate(AbstractGradientTransformation):
     r"""Aggregates per-example gradients the DP-SGD way: clip each, sum, add Gaussian noise, average.
 
@@ -233,7 +239,7 @@ class DifferentiallyPrivateAggregate(AbstractGradientTransformation):
     The updates it receives have a batch axis 0 (per-example gradients, e.g.
     from `jax.vmap(eqx.filter_grad(loss), in_axes=(None, 0, 0))`); the updates
     it returns do not, so it comes first in a chain. Gradient accumulation
-    wrappers ([`eqopt.MultiSteps`][], [`eqopt.apply_every`][]) do not compose
+    wrappers (`eqopt.MultiSteps`, `eqopt.apply_every`) do not compose
     with it: the aggregation is the point.
 
     Each step splits the state's key into one key for the next step and one per
@@ -242,7 +248,7 @@ class DifferentiallyPrivateAggregate(AbstractGradientTransformation):
 
     Unlike Optax, a key is required: there is no default seed. The state keeps
     the key's raw data so that it serialises (see
-    [`eqopt.DifferentiallyPrivateAggregateState`][]).
+    `eqopt.DifferentiallyPrivateAggregateState`).
 
     **Arguments:**
 
@@ -288,13 +294,15 @@ class DifferentiallyPrivateAggregate(AbstractGradientTransformation):
         return False
 
     @property
-    def per_example_updates(self) -> bool:
+    def per_example_updates(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
         """The updates it takes have a batch axis 0 (a chain it starts checks them here)."""
         return True
 
+    @init_entry
     def init(self, params: Params) -> DifferentiallyPrivateAggregateState:
         return _state_of(self.key)
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -339,6 +347,7 @@ def _check_against_params(updates: Any, params: Any) -> None:
             )
 
 
+@checked
 def differentially_private_aggregate(
     l2_norm_clip: ScalarLike,
     noise_multiplier: ScalarLike,
@@ -346,7 +355,7 @@ def differentially_private_aggregate(
     *,
     seed: int | None = None,
 ) -> DifferentiallyPrivateAggregate:
-    """Optax spelling of [`eqopt.DifferentiallyPrivateAggregate`][].
+    """Optax spelling of `eqopt.DifferentiallyPrivateAggregate`.
 
     `seed` is the deprecated spelling of `key` (a warning says so).
     """
@@ -357,6 +366,7 @@ def differentially_private_aggregate(
     )
 
 
+@checked
 def dpsgd(
     learning_rate: ScalarOrSchedule,
     l2_norm_clip: ScalarLike,
@@ -372,7 +382,7 @@ def dpsgd(
     \mathcal N(0, \sigma^2 C^2 I)\Big), \qquad u_t = -\eta_t\, \tilde g_t
     $$
 
-    with optional (Nesterov) momentum on $\tilde g$ as in [`eqopt.sgd`][]. The
+    with optional (Nesterov) momentum on $\tilde g$ as in `eqopt.sgd`. The
     chain is `differentially_private_aggregate`, `identity` or `trace`, then
     `scale_by_learning_rate`, as in Optax. The updates it receives are
     per-example gradients (batch on axis 0).
@@ -386,7 +396,7 @@ def dpsgd(
     - `momentum`: the momentum, or `None` for none.
     - `nesterov`: use Nesterov momentum.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Abadi et al., *Deep Learning with Differential Privacy*,
     CCS 2016.

@@ -5,6 +5,8 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, ArrayLike, Int, Real
 
+from .._typecheck import checked
+
 
 @jax.jit
 def _solve(cost: Array) -> Array:
@@ -121,6 +123,7 @@ def _empty() -> tuple[Array, Array]:
     return jnp.zeros(0, jnp.int32), jnp.zeros(0, jnp.int32)
 
 
+@checked
 def hungarian_algorithm(
     cost_matrix: Real[ArrayLike, "n m"],
 ) -> tuple[Int[Array, " k"], Int[Array, " k"]]:
@@ -149,7 +152,7 @@ def hungarian_algorithm(
     `cost_matrix[i, j].sum()`. The pairs come in Optax's order for this
     function: for a square matrix, by increasing column; otherwise by
     decreasing index along the shorter side. It is the same solver as
-    [`eqopt.assignment.base_hungarian_algorithm`][]; only the order differs.
+    `eqopt.assignment.base_hungarian_algorithm`; only the order differs.
 
     **References:** H. W. Kuhn, *The Hungarian method for the assignment
     problem*, Naval Research Logistics Quarterly 2, 1955; J. Munkres,
@@ -178,12 +181,13 @@ def hungarian_algorithm(
     return (longer, shorter) if transpose else (shorter, longer)
 
 
+@checked
 def base_hungarian_algorithm(
     cost_matrix: Real[ArrayLike, "n m"],
 ) -> tuple[Int[Array, " k"], Int[Array, " k"]]:
     r"""Solves the linear assignment problem, returning the pairs sorted by row.
 
-    The same problem and solver as [`eqopt.assignment.hungarian_algorithm`][]
+    The same problem and solver as `eqopt.assignment.hungarian_algorithm`
     (see there for the problem, the algorithm and its cost); only the order of
     the pairs differs.
 

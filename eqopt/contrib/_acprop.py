@@ -6,15 +6,9 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from .._base import (
-    AbstractGradientTransformation,
-    Params,
-    Updates,
-    full_like_trainable_real,
-    leafwise,
-    zeros_like_trainable,
-)
+from .._base import AbstractGradientTransformation, Params, Updates
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._filters import FilterSpec
 from .._hyper import (
     Scalar,
@@ -24,14 +18,17 @@ from .._hyper import (
     check_decays,
     check_hyperparameter,
 )
+from .._leafwise import full_like_trainable_real, leafwise, zeros_like_trainable
 from .._numerics import abs_squared, safe_int32_increment
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
+from .._typecheck import checked
 from ._reductions import cast_to
 
 
+@checked
 class ScaleByAcpropState(eqx.Module):
-    """The state of [`eqopt.contrib.ScaleByAcprop`][]: the step count, the first
+    """The state of `eqopt.contrib.ScaleByAcprop`: the step count, the first
     moment $m$ and the centred second moment $s$."""
 
     count: Int[Array, ""]
@@ -39,6 +36,7 @@ class ScaleByAcpropState(eqx.Module):
     nu: Updates
 
 
+@checked
 class ScaleByAcprop(AbstractGradientTransformation):
     r"""Rescales updates with ACProp: the gradient over the *previous* centred RMS.
 
@@ -83,6 +81,7 @@ class ScaleByAcprop(AbstractGradientTransformation):
         check_hyperparameter("eps", self.eps, low=0.0)
         check_hyperparameter("eps_root", self.eps_root, low=0.0)
 
+    @init_entry
     def init(self, params: Params) -> ScaleByAcpropState:
         return ScaleByAcpropState(
             count=jnp.zeros([], jnp.int32),
@@ -90,6 +89,7 @@ class ScaleByAcprop(AbstractGradientTransformation):
             nu=full_like_trainable_real(params, 0.0),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -121,16 +121,18 @@ class ScaleByAcprop(AbstractGradientTransformation):
         )
 
 
+@checked
 def scale_by_acprop(
     b1: ScalarLike = 0.9,
     b2: ScalarLike = 0.999,
     eps: ScalarLike = 1e-16,
     eps_root: ScalarLike = 1e-16,
 ) -> ScaleByAcprop:
-    """Optax spelling of [`eqopt.contrib.ScaleByAcprop`][]."""
+    """Optax spelling of `eqopt.contrib.ScaleByAcprop`."""
     return ScaleByAcprop(b1=b1, b2=b2, eps=eps, eps_root=eps_root)
 
 
+@checked
 def acprop(
     learning_rate: ScalarOrSchedule,
     b1: ScalarLike = 0.9,
@@ -145,18 +147,18 @@ def acprop(
     $$ x_t = x_{t-1} - \eta_t \left( \frac{g_t}{\sqrt{\hat s_{t-1}} + \epsilon}
        + \lambda x_{t-1} \right) $$
 
-    The chain is [`eqopt.contrib.ScaleByAcprop`][], [`eqopt.AddDecayedWeights`][],
-    [`eqopt.ScaleByLearningRate`][]. `mask` is an Equinox filter spec of the
+    The chain is `eqopt.contrib.ScaleByAcprop`, `eqopt.AddDecayedWeights`,
+    `eqopt.ScaleByLearningRate`. `mask` is an Equinox filter spec of the
     leaves to decay (a callable is a per-leaf predicate).
 
     **Arguments:**
 
     - `learning_rate`: $\eta$, a number or a schedule.
-    - `b1`, `b2`, `eps`, `eps_root`: as [`eqopt.contrib.ScaleByAcprop`][].
+    - `b1`, `b2`, `eps`, `eps_root`: as `eqopt.contrib.ScaleByAcprop`.
     - `weight_decay`: $\lambda$, decoupled, multiplied by the learning rate.
     - `mask`: the filter spec of the leaves to decay.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Zhuang et al., *Momentum Centering and Asynchronous Update
     for Adaptive Gradient Methods*, NeurIPS 2021.

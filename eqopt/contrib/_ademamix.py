@@ -10,15 +10,9 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from .._base import (
-    AbstractGradientTransformation,
-    Params,
-    Updates,
-    full_like_trainable_real,
-    leafwise,
-    zeros_like_trainable,
-)
+from .._base import AbstractGradientTransformation, Params, Updates
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._filters import FilterSpec
 from .._hyper import (
     Scalar,
@@ -30,15 +24,18 @@ from .._hyper import (
     check_decays,
     check_hyperparameter,
 )
+from .._leafwise import full_like_trainable_real, leafwise, zeros_like_trainable
 from .._numerics import abs_squared, safe_int32_increment
 from .._quantize import MomentDType, any_quantized, quantized_on_buffers
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
+from .._typecheck import checked
 from ._reductions import cast_to, evaluate
 
 
+@checked
 class ScaleByAdemamixState(eqx.Module):
-    """The state of [`eqopt.contrib.ScaleByAdemamix`][]: the step count, the fast
+    """The state of `eqopt.contrib.ScaleByAdemamix`: the step count, the fast
     and slow EMAs $m_1, m_2$ and the second moment $\\nu$."""
 
     count: Int[Array, ""]
@@ -47,6 +44,7 @@ class ScaleByAdemamixState(eqx.Module):
     nu: Updates
 
 
+@checked
 class ScaleByAdemamix(AbstractGradientTransformation):
     r"""Rescales updates with AdEMAMix: Adam's fast EMA plus a slow one.
 
@@ -71,7 +69,7 @@ class ScaleByAdemamix(AbstractGradientTransformation):
     - `alpha`: the weight of the slow EMA, a number or a schedule.
     - `eps`, `eps_root`: added outside and inside the square root.
     - `mu_dtype`: dtype to store the two EMAs in (default: the params'), or a
-      [`eqopt.Quantized`][] format.
+      `eqopt.Quantized` format.
 
     **References:** Pagliardini, Ablin & Grangier, *The AdEMAMix Optimizer:
     Better, Faster, Older*, ICLR 2025 (arXiv:2409.03137).
@@ -99,6 +97,7 @@ class ScaleByAdemamix(AbstractGradientTransformation):
         check_hyperparameter("eps", self.eps, low=0.0)
         check_hyperparameter("eps_root", self.eps_root, low=0.0)
 
+    @init_entry
     def init(self, params: Params) -> ScaleByAdemamixState:
         return ScaleByAdemamixState(
             count=jnp.zeros([], jnp.int32),
@@ -107,6 +106,7 @@ class ScaleByAdemamix(AbstractGradientTransformation):
             nu=full_like_trainable_real(params, 0.0),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -136,6 +136,7 @@ class ScaleByAdemamix(AbstractGradientTransformation):
         return new_updates, ScaleByAdemamixState(count=count, m1=m1, m2=m2, nu=nu)
 
 
+@checked
 def scale_by_ademamix(
     b1: ScalarLike = 0.9,
     b2: ScalarLike = 0.999,
@@ -145,7 +146,7 @@ def scale_by_ademamix(
     eps_root: ScalarLike = 0.0,
     mu_dtype: MomentDType = None,
 ) -> ScaleByAdemamix:
-    """Optax spelling of [`eqopt.contrib.ScaleByAdemamix`][]."""
+    """Optax spelling of `eqopt.contrib.ScaleByAdemamix`."""
     return ScaleByAdemamix(
         b1=b1,
         b2=b2,
@@ -157,6 +158,7 @@ def scale_by_ademamix(
     )
 
 
+@checked
 def ademamix(
     learning_rate: ScalarOrSchedule,
     b1: ScalarLike = 0.9,
@@ -174,21 +176,21 @@ def ademamix(
     $$ x_t = x_{t-1} - \eta_t \left( \frac{\hat m_1 + \alpha m_2}
        {\sqrt{\hat\nu + \bar\epsilon} + \epsilon} + \lambda x_{t-1} \right) $$
 
-    The chain is [`eqopt.contrib.ScaleByAdemamix`][],
-    [`eqopt.AddDecayedWeights`][], [`eqopt.ScaleByLearningRate`][]. `mask` is an
+    The chain is `eqopt.contrib.ScaleByAdemamix`,
+    `eqopt.AddDecayedWeights`, `eqopt.ScaleByLearningRate`. `mask` is an
     Equinox filter spec of the leaves to decay (a callable is a per-leaf
     predicate). Note that `alpha` defaults to 5 here and to 6 in
-    [`eqopt.contrib.scale_by_ademamix`][], as in Optax.
+    `eqopt.contrib.scale_by_ademamix`, as in Optax.
 
     **Arguments:**
 
     - `learning_rate`: $\eta$, a number or a schedule.
     - `b1`, `b2`, `b3`, `alpha`, `eps`, `eps_root`, `mu_dtype`: as
-      [`eqopt.contrib.ScaleByAdemamix`][].
+      `eqopt.contrib.ScaleByAdemamix`.
     - `weight_decay`: $\lambda$, decoupled, multiplied by the learning rate.
     - `mask`: the filter spec of the leaves to decay.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Pagliardini, Ablin & Grangier, *The AdEMAMix Optimizer:
     Better, Faster, Older*, ICLR 2025.
@@ -208,8 +210,9 @@ def ademamix(
     )
 
 
+@checked
 class ScaleBySimplifiedAdEMAMixState(eqx.Module):
-    """The state of [`eqopt.contrib.ScaleBySimplifiedAdemamix`][]: the step count,
+    """The state of `eqopt.contrib.ScaleBySimplifiedAdemamix`: the step count,
     the (undamped) momentum $m$ and the second moment $n$."""
 
     count: Int[Array, ""]
@@ -217,6 +220,7 @@ class ScaleBySimplifiedAdEMAMixState(eqx.Module):
     n: Updates
 
 
+@checked
 class ScaleBySimplifiedAdemamix(AbstractGradientTransformation):
     r"""Rescales updates with simplified AdEMAMix: one momentum buffer plus the gradient.
 
@@ -263,6 +267,7 @@ class ScaleBySimplifiedAdemamix(AbstractGradientTransformation):
         check_hyperparameter("eps", self.eps, low=0.0)
         check_hyperparameter("eps_root", self.eps_root, low=0.0)
 
+    @init_entry
     def init(self, params: Params) -> ScaleBySimplifiedAdEMAMixState:
         return ScaleBySimplifiedAdEMAMixState(
             count=jnp.zeros([], jnp.int32),
@@ -270,6 +275,7 @@ class ScaleBySimplifiedAdemamix(AbstractGradientTransformation):
             n=full_like_trainable_real(params, 0.0),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -294,6 +300,7 @@ class ScaleBySimplifiedAdemamix(AbstractGradientTransformation):
         return new_updates, ScaleBySimplifiedAdEMAMixState(count=count, m=m, n=n)
 
 
+@checked
 def scale_by_simplified_ademamix(
     b1: ScalarLike = 0.99,
     b2: ScalarLike = 0.95,
@@ -301,12 +308,13 @@ def scale_by_simplified_ademamix(
     eps: ScalarLike = 1e-8,
     eps_root: ScalarLike = 0.0,
 ) -> ScaleBySimplifiedAdemamix:
-    """Optax spelling of [`eqopt.contrib.ScaleBySimplifiedAdemamix`][]."""
+    """Optax spelling of `eqopt.contrib.ScaleBySimplifiedAdemamix`."""
     return ScaleBySimplifiedAdemamix(
         b1=b1, b2=b2, alpha=alpha, eps=eps, eps_root=eps_root
     )
 
 
+@checked
 def simplified_ademamix(
     learning_rate: ScalarOrSchedule,
     b1: ScalarLike = 0.99,
@@ -322,19 +330,19 @@ def simplified_ademamix(
     $$ x_t = x_{t-1} - \eta_t \left( \frac{m + \alpha g}
        {\sqrt{\hat n + \bar\epsilon} + \epsilon} + \lambda x_{t-1} \right) $$
 
-    The chain is [`eqopt.contrib.ScaleBySimplifiedAdemamix`][],
-    [`eqopt.AddDecayedWeights`][], [`eqopt.ScaleByLearningRate`][]. `mask` is an
+    The chain is `eqopt.contrib.ScaleBySimplifiedAdemamix`,
+    `eqopt.AddDecayedWeights`, `eqopt.ScaleByLearningRate`. `mask` is an
     Equinox filter spec of the leaves to decay.
 
     **Arguments:**
 
     - `learning_rate`: $\eta$, a number or a schedule.
     - `b1`, `b2`, `alpha`, `eps`, `eps_root`: as
-      [`eqopt.contrib.ScaleBySimplifiedAdemamix`][].
+      `eqopt.contrib.ScaleBySimplifiedAdemamix`.
     - `weight_decay`: $\lambda$, decoupled, multiplied by the learning rate.
     - `mask`: the filter spec of the leaves to decay.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Morwani et al., *Connections between
     Schedule-Free Optimizers, AdEMAMix, and Accelerated SGD Variants*, 2025.

@@ -8,14 +8,9 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, Int
 
-from .._base import (
-    AbstractGradientTransformation,
-    Params,
-    Updates,
-    leafwise,
-    zeros_like_trainable,
-)
+from .._base import AbstractGradientTransformation, Params, Updates
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._hyper import (
     Scalar,
     ScalarLike,
@@ -24,8 +19,10 @@ from .._hyper import (
     check_decays,
     check_hyperparameter,
 )
+from .._leafwise import leafwise, zeros_like_trainable
 from .._numerics import safe_int32_increment
 from .._transform.basic import ScaleByLearningRate
+from .._typecheck import checked
 from ._reductions import cast_to, refuse_complex
 
 
@@ -34,14 +31,16 @@ def default_clip_value(count: Any) -> Any:
     return count**0.25
 
 
+@checked
 class ScaleByAdoptState(eqx.Module):
-    """The state of [`eqopt.contrib.ScaleByAdopt`][]: step count and the two moments."""
+    """The state of `eqopt.contrib.ScaleByAdopt`: step count and the two moments."""
 
     count: Int[Array, ""]
     mu: Updates
     nu: Updates
 
 
+@checked
 class ScaleByAdopt(AbstractGradientTransformation):
     r"""Rescales updates with ADOPT: the gradient is normalised by the *previous*
     second moment before it enters the momentum.
@@ -91,6 +90,7 @@ class ScaleByAdopt(AbstractGradientTransformation):
         check_decays(self, "b1", "b2")
         check_hyperparameter("eps", self.eps, low=0.0)
 
+    @init_entry
     def init(self, params: Params) -> ScaleByAdoptState:
         refuse_complex(params, "adopt")
         return ScaleByAdoptState(
@@ -99,6 +99,7 @@ class ScaleByAdopt(AbstractGradientTransformation):
             nu=zeros_like_trainable(params),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -134,6 +135,7 @@ class ScaleByAdopt(AbstractGradientTransformation):
         )
 
 
+@checked
 def scale_by_adopt(
     b1: ScalarLike = 0.9,
     b2: ScalarLike = 0.9999,
@@ -144,7 +146,7 @@ def scale_by_adopt(
     use_clipping: bool = True,
     clip_value_fn: Callable[[Any], Any] = default_clip_value,
 ) -> ScaleByAdopt:
-    """Optax spelling of [`eqopt.contrib.ScaleByAdopt`][]."""
+    """Optax spelling of `eqopt.contrib.ScaleByAdopt`."""
     return ScaleByAdopt(
         b1=b1,
         b2=b2,
@@ -156,6 +158,7 @@ def scale_by_adopt(
     )
 
 
+@checked
 def adopt(
     learning_rate: ScalarOrSchedule,
     b1: ScalarLike = 0.9,
@@ -167,16 +170,16 @@ def adopt(
     use_clipping: bool = True,
     clip_value_fn: Callable[[Any], Any] = default_clip_value,
 ) -> Chain:
-    r"""ADOPT: [`eqopt.contrib.ScaleByAdopt`][] then the learning rate.
+    r"""ADOPT: `eqopt.contrib.ScaleByAdopt` then the learning rate.
 
     $$ x_{t+1} = x_t - \eta_t\, m_t $$
 
     **Arguments:**
 
     - `learning_rate`: $\eta$, a number or a schedule.
-    - the others: as [`eqopt.contrib.ScaleByAdopt`][].
+    - the others: as `eqopt.contrib.ScaleByAdopt`.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Taniguchi et al., *ADOPT: Modified Adam Can Converge with
     Any $\beta_2$ with the Optimal Rate*, NeurIPS 2024.

@@ -5,14 +5,9 @@ from typing import Any, no_type_check
 import equinox as eqx
 import jax.numpy as jnp
 
-from .._base import (
-    AbstractGradientTransformation,
-    Params,
-    Updates,
-    leafwise,
-    zeros_like_trainable,
-)
+from .._base import AbstractGradientTransformation, Params, Updates
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._filters import FilterSpec
 from .._hyper import (
     Scalar,
@@ -21,13 +16,16 @@ from .._hyper import (
     as_scalar,
     check_hyperparameter,
 )
+from .._leafwise import leafwise, zeros_like_trainable
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
+from .._typecheck import checked
 from ._reductions import copy_trainable, refuse_complex, require_params
 
 
+@checked
 class COCOBState(eqx.Module):
-    """The state of [`eqopt.contrib.ScaleByCocob`][], per coordinate: the initial
+    """The state of `eqopt.contrib.ScaleByCocob`, per coordinate: the initial
     parameters $w_1$, the sum of gradients $\\theta$, the largest gradient seen
     $L$, the sum of absolute gradients $G$ and the reward."""
 
@@ -38,6 +36,7 @@ class COCOBState(eqx.Module):
     reward: Updates
 
 
+@checked
 class ScaleByCocob(AbstractGradientTransformation):
     r"""Replaces the updates by the coin-betting step of COCOB-Backprop.
 
@@ -81,6 +80,7 @@ class ScaleByCocob(AbstractGradientTransformation):
         check_hyperparameter("alpha", self.alpha, low=0.0, low_inclusive=False)
         check_hyperparameter("eps", self.eps, low=0.0)
 
+    @init_entry
     def init(self, params: Params) -> COCOBState:
         refuse_complex(params, "cocob")
         # Separate buffers for each field, so the state can be donated.
@@ -94,6 +94,7 @@ class ScaleByCocob(AbstractGradientTransformation):
             reward=zeros_like_trainable(params),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -135,11 +136,13 @@ class ScaleByCocob(AbstractGradientTransformation):
         )
 
 
+@checked
 def scale_by_cocob(alpha: ScalarLike = 100.0, eps: ScalarLike = 1e-8) -> ScaleByCocob:
-    """Optax spelling of [`eqopt.contrib.ScaleByCocob`][]."""
+    """Optax spelling of `eqopt.contrib.ScaleByCocob`."""
     return ScaleByCocob(alpha=alpha, eps=eps)
 
 
+@checked
 def cocob(
     learning_rate: ScalarOrSchedule = 1.0,
     alpha: ScalarLike = 100.0,
@@ -150,19 +153,19 @@ def cocob(
     r"""COCOB-Backprop: learning-rate-free training by coin betting.
 
     The gradient (plus $\lambda x$) is scaled by `learning_rate`, then
-    [`eqopt.contrib.ScaleByCocob`][] turns it into a step. The chain is
-    [`eqopt.AddDecayedWeights`][], [`eqopt.ScaleByLearningRate`][] (without
-    negation), [`eqopt.contrib.ScaleByCocob`][]. `mask` is an Equinox filter
+    `eqopt.contrib.ScaleByCocob` turns it into a step. The chain is
+    `eqopt.AddDecayedWeights`, `eqopt.ScaleByLearningRate` (without
+    negation), `eqopt.contrib.ScaleByCocob`. `mask` is an Equinox filter
     spec of the leaves to decay.
 
     **Arguments:**
 
     - `learning_rate`: an optional scale (or schedule) on the gradients.
-    - `alpha`, `eps`: as [`eqopt.contrib.ScaleByCocob`][].
+    - `alpha`, `eps`: as `eqopt.contrib.ScaleByCocob`.
     - `weight_decay`: $\lambda$, an $\ell_2$ penalty added to the gradients.
     - `mask`: the filter spec of the leaves to decay.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Orabona & Tommasi, *Training Deep Networks without Learning
     Rates Through Coin Betting*, NeurIPS 2017.

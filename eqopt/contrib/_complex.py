@@ -13,7 +13,9 @@ from .._base import (
     Updates,
     is_none,
 )
+from .._entry import init_entry, update_entry
 from .._interop import as_transform
+from .._typecheck import checked
 
 
 class _RealAndImaginary(eqx.Module):
@@ -45,8 +47,9 @@ def _merge(tree: Any) -> Any:
     return jax.tree.map(merge, tree, is_leaf=lambda x: x is None or _is_pair(x))
 
 
+@checked
 class SplitRealAndImaginaryState(eqx.Module):
-    """The state of [`eqopt.contrib.SplitRealAndImaginary`][]: the inner state.
+    """The state of `eqopt.contrib.SplitRealAndImaginary`: the inner state.
 
     The inner state was built for the split params: each complex leaf appears
     in it as a pair of real arrays, `.real` and `.imaginary`.
@@ -55,6 +58,7 @@ class SplitRealAndImaginaryState(eqx.Module):
     inner_state: PyTree[Any]
 
 
+@checked
 class SplitRealAndImaginary(AbstractGradientTransformation):
     r"""Runs `inner` on the real and imaginary parts of complex leaves as separate reals.
 
@@ -82,9 +86,11 @@ class SplitRealAndImaginary(AbstractGradientTransformation):
     def runs_on_buffers(self) -> bool:
         return self.inner.runs_on_buffers
 
+    @init_entry
     def init(self, params: Params) -> SplitRealAndImaginaryState:
         return SplitRealAndImaginaryState(self.inner.init(_split(params)))
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -101,6 +107,7 @@ class SplitRealAndImaginary(AbstractGradientTransformation):
         return _merge(inner_updates), SplitRealAndImaginaryState(inner_state)
 
 
+@checked
 def split_real_and_imaginary(inner: Any) -> SplitRealAndImaginary:
-    """Optax spelling of [`eqopt.contrib.SplitRealAndImaginary`][]."""
+    """Optax spelling of `eqopt.contrib.SplitRealAndImaginary`."""
     return SplitRealAndImaginary(inner)

@@ -6,14 +6,8 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from .._base import (
-    AbstractGradientTransformation,
-    Params,
-    Updates,
-    full_like_trainable_real,
-    leafwise,
-    zeros_like_trainable,
-)
+from .._base import AbstractGradientTransformation, Params, Updates
+from .._entry import init_entry, update_entry
 from .._hyper import (
     Scalar,
     ScalarLike,
@@ -24,7 +18,9 @@ from .._hyper import (
     check_decays,
     check_hyperparameter,
 )
+from .._leafwise import full_like_trainable_real, leafwise, zeros_like_trainable
 from .._numerics import abs_squared, safe_int32_increment
+from .._typecheck import checked
 from ._reductions import (
     cast_to,
     evaluate,
@@ -36,8 +32,9 @@ from ._reductions import (
 )
 
 
+@checked
 class DAdaptAdamWState(eqx.Module):
-    """The state of [`eqopt.contrib.DAdaptAdamW`][].
+    """The state of `eqopt.contrib.DAdaptAdamW`.
 
     `estim_lr` is the current estimate $d_k$; `numerator_weighted` and
     `grad_sum` ($s_k$) are the weighted sums whose ratio gives the next one.
@@ -51,6 +48,7 @@ class DAdaptAdamWState(eqx.Module):
     count: Int[Array, ""]
 
 
+@checked
 class DAdaptAdamW(AbstractGradientTransformation):
     r"""Learning-rate-free AdamW by D-Adaptation: the step size is estimated online.
 
@@ -113,6 +111,7 @@ class DAdaptAdamW(AbstractGradientTransformation):
         check_hyperparameter("estim_lr0", self.estim_lr0, low=0.0, low_inclusive=False)
         check_hyperparameter("weight_decay", self.weight_decay, low=0.0)
 
+    @init_entry
     def init(self, params: Params) -> DAdaptAdamWState:
         dtype = scalar_dtype(params)
         return DAdaptAdamWState(
@@ -124,6 +123,7 @@ class DAdaptAdamW(AbstractGradientTransformation):
             count=jnp.zeros([], jnp.int32),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -181,6 +181,7 @@ class DAdaptAdamW(AbstractGradientTransformation):
         )
 
 
+@checked
 def dadapt_adamw(
     learning_rate: ScalarOrSchedule = 1.0,
     betas: tuple[ScalarLike, ScalarLike] = (0.9, 0.999),
@@ -188,7 +189,7 @@ def dadapt_adamw(
     estim_lr0: ScalarLike = 1e-6,
     weight_decay: ScalarLike = 0.0,
 ) -> DAdaptAdamW:
-    """Optax spelling of [`eqopt.contrib.DAdaptAdamW`][] (`betas` is `(b1, b2)`)."""
+    """Optax spelling of `eqopt.contrib.DAdaptAdamW` (`betas` is `(b1, b2)`)."""
     b1, b2 = betas
     return DAdaptAdamW(
         learning_rate=learning_rate,

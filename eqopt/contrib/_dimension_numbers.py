@@ -9,6 +9,13 @@ axes.
 Which leaves are treated as matrices is an Equinox filter spec whose leaves may
 also be dimension numbers: a bool, a dimension-numbers object, `None`, a per-leaf
 callable returning one of these, or a prefix pytree of them.
+
+What `True` means is the leaf's own orientation: a weight of a known Equinox
+layer (`eqx.nn.Linear.weight` is `(out, in)`) has its input axes as reduction
+axes and its output axes as output axes (`layer_oriented`); any other leaf
+gets the default dimension numbers, Optax's convention (rows on axis 0, the
+input of a Flax `(in, out)` kernel). Dimension numbers given explicitly are
+used as they are.
 """
 
 import dataclasses
@@ -21,6 +28,7 @@ import numpy as np
 
 from .._base import is_none, is_trainable, path_str
 from .._filters import is_spec_leaf
+from .._layer_axes import layer_leaves
 
 
 def _axes_tuple(value: Any, name: str, owner: str) -> int | tuple[int, ...]:
@@ -140,6 +148,21 @@ def matrix_view(
     return to_matrix, from_matrix
 
 
+def layer_oriented(tree: Any, kind: type) -> Callable[[tuple], Any]:
+    """What `True` means for the leaf at a key path of `tree`: a `kind` oriented as
+    its Equinox layer says (input axes as reduction axes), or `kind()` for a leaf
+    of no known layer (Optax's convention)."""
+    described = layer_leaves(tree)
+
+    def default(path: tuple) -> Any:
+        leaf = described.get(path)
+        if leaf is None or not leaf.is_matrix:
+            return kind()
+        return kind(reduction_axis=leaf.input_axes, output_axis=leaf.output_axes)
+
+    return default
+
+
 def resolve_dimension_numbers(
     spec: Any,
     tree: Any,
@@ -148,12 +171,14 @@ def resolve_dimension_numbers(
     owner: str,
     batch_axes: bool,
     check: Callable[[tuple[int, ...], Any, str], None] | None = None,
+    default: Callable[[tuple], Any] | None = None,
 ) -> Any:
     """Resolves a dimension-numbers spec against `tree`: one `kind` or `None` per leaf.
 
     The spec is a filter spec whose leaves may also be dimension numbers: `True`
-    means the default `kind()`, `False` and `None` mean "not a matrix", an
-    instance of `kind` is used as it is, and a callable is applied to each
+    means `default(path)` (by default `kind()`; `layer_oriented` gives
+    each Equinox layer's orientation), `False` and `None` mean "not a matrix",
+    an instance of `kind` is used as it is, and a callable is applied to each
     trainable leaf and must return one of these. Leaves that are not trainable
     resolve to `None`. Each resolved leaf is checked against its shape, by
     `check(shape, value, path)` when given (Adam-mini's blocks), else as
@@ -164,6 +189,8 @@ def resolve_dimension_numbers(
         return isinstance(x, kind) or is_spec_leaf(x)
 
     def resolve(value, path):
+        if value is True or isinstance(value, np.bool_) and value:
+            return kind() if default is None else default(path)
         if callable(value) and not isinstance(value, kind):
             raise ValueError(
                 f"{owner}: the dimension-numbers callable returned a callable at "
@@ -171,8 +198,6 @@ def resolve_dimension_numbers(
             )
         if value is None or value is False or isinstance(value, np.bool_) and not value:
             return None
-        if value is True or isinstance(value, np.bool_):
-            return kind()
         if isinstance(value, kind):
             return value
         raise ValueError(

@@ -10,8 +10,9 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
-from .._base import AbstractGradientTransformation, Params, Updates, leafwise
+from .._base import AbstractGradientTransformation, Params, Updates
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._filters import FilterSpec
 from .._hyper import (
     Scalar,
@@ -21,8 +22,10 @@ from .._hyper import (
     as_scalar,
     check_hyperparameter,
 )
+from .._leafwise import leafwise
 from .._transform.basic import Identity, ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
+from .._typecheck import checked
 from ._reductions import (
     cast_to,
     copy_trainable,
@@ -46,8 +49,9 @@ def _scale(updates, step_size):
     return leafwise(lambda g: cast_to(step_size * g, g.dtype), updates)
 
 
+@checked
 class DoGState(eqx.Module):
-    """The state of [`eqopt.contrib.ScaleByDoG`][]: the initial parameters, the
+    """The state of `eqopt.contrib.ScaleByDoG`: the initial parameters, the
     largest distance from them $\\bar r_t$ and the sum of squared gradient norms."""
 
     is_init_step: Bool[Array, ""]
@@ -56,6 +60,7 @@ class DoGState(eqx.Module):
     sum_sq_norm_grads: Float[Array, ""]
 
 
+@checked
 class ScaleByDoG(AbstractGradientTransformation):
     r"""Scales the updates by DoG's step size, distance over gradients.
 
@@ -71,7 +76,7 @@ class ScaleByDoG(AbstractGradientTransformation):
     `init_step_value` (so `init` needs the real parameters); `"learning_rate"`
     makes the first step size `init_step_value` itself (and $r_\epsilon = 0$).
 
-    The updates are not negated: [`eqopt.contrib.dog`][] follows this with the
+    The updates are not negated: `eqopt.contrib.dog` follows this with the
     learning rate.
 
     **Arguments:**
@@ -102,6 +107,7 @@ class ScaleByDoG(AbstractGradientTransformation):
         check_hyperparameter("init_step_value", self.init_step_value, low=0.0)
         check_hyperparameter("eps", self.eps, low=0.0)
 
+    @init_entry
     def init(self, params: Params) -> DoGState:
         dtype = scalar_dtype(params)
         init_params = copy_trainable(params)
@@ -119,6 +125,7 @@ class ScaleByDoG(AbstractGradientTransformation):
             sum_sq_norm_grads=jnp.zeros([], dtype),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -143,6 +150,7 @@ class ScaleByDoG(AbstractGradientTransformation):
         )
 
 
+@checked
 def dog(
     learning_rate: ScalarOrSchedule = 1.0,
     init_step: tuple[str, ScalarLike] = ("heuristic", 1e-6),
@@ -150,27 +158,27 @@ def dog(
     weight_decay: ScalarLike | None = None,
     mask: FilterSpec | None = None,
 ) -> Chain:
-    r"""DoG: SGD with the parameter-free step size of [`eqopt.contrib.ScaleByDoG`][].
+    r"""DoG: SGD with the parameter-free step size of `eqopt.contrib.ScaleByDoG`.
 
     $$ x_{t+1} = x_t - \gamma_t \frac{\bar r_t}{\sqrt{G_t + \epsilon}}\,
        (g_t + \lambda x_t) $$
 
-    The chain is weight decay ([`eqopt.AddDecayedWeights`][], or
-    [`eqopt.Identity`][] when `weight_decay` is `None`), [`eqopt.contrib.ScaleByDoG`][],
-    [`eqopt.ScaleByLearningRate`][]. `mask` is an Equinox filter spec of the
+    The chain is weight decay (`eqopt.AddDecayedWeights`, or
+    `eqopt.Identity` when `weight_decay` is `None`), `eqopt.contrib.ScaleByDoG`,
+    `eqopt.ScaleByLearningRate`. `mask` is an Equinox filter spec of the
     leaves to decay (a callable is a per-leaf predicate, never a function of the
     whole params). The authors recommend averaging the iterates.
 
     **Arguments:**
 
     - `learning_rate`: $\gamma$, an optional multiplier or schedule.
-    - `init_step`: `(kind, value)`, see [`eqopt.contrib.ScaleByDoG`][]; the
+    - `init_step`: `(kind, value)`, see `eqopt.contrib.ScaleByDoG`; the
       suggested `("heuristic", 1e-6)` uses `1e-4` for models with batch norm.
     - `eps`: added to the sum of squared gradient norms.
     - `weight_decay`: $\lambda$, or `None` for none.
     - `mask`: the filter spec of the leaves to decay.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Ivgi, Hinder & Carmon, *DoG is SGD's Best Friend: A
     Parameter-Free Dynamic Step Size Schedule*, ICML 2023.
@@ -183,8 +191,9 @@ def dog(
     )
 
 
+@checked
 class DoWGState(eqx.Module):
-    """The state of [`eqopt.contrib.ScaleByDoWG`][]: the initial parameters, the
+    """The state of `eqopt.contrib.ScaleByDoWG`: the initial parameters, the
     weighted sum of squared gradient norms $v_t$ and the squared distance
     estimate $\\bar r_t^2$."""
 
@@ -193,6 +202,7 @@ class DoWGState(eqx.Module):
     estim_sq_dist: Float[Array, ""]
 
 
+@checked
 class ScaleByDoWG(AbstractGradientTransformation):
     r"""Scales the updates by DoWG's step size, distance over weighted gradients.
 
@@ -204,7 +214,7 @@ class ScaleByDoWG(AbstractGradientTransformation):
 
     with $\bar r_0^2$ = `init_estim_sq_dist`, or $\epsilon$ when it is `None`.
     The norms are over the whole model. The updates are not negated:
-    [`eqopt.contrib.dowg`][] follows this with the learning rate.
+    `eqopt.contrib.dowg` follows this with the learning rate.
 
     **Arguments:**
 
@@ -230,6 +240,7 @@ class ScaleByDoWG(AbstractGradientTransformation):
         check_hyperparameter("init_estim_sq_dist", self.init_estim_sq_dist, low=0.0)
         check_hyperparameter("eps", self.eps, low=0.0)
 
+    @init_entry
     def init(self, params: Params) -> DoWGState:
         dtype = scalar_dtype(params)
         initial = (
@@ -241,6 +252,7 @@ class ScaleByDoWG(AbstractGradientTransformation):
             estim_sq_dist=jnp.array(initial, dtype),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -263,6 +275,7 @@ class ScaleByDoWG(AbstractGradientTransformation):
         )
 
 
+@checked
 def dowg(
     learning_rate: ScalarOrSchedule = 1.0,
     init_estim_sq_dist: ScalarLike | None = None,
@@ -270,14 +283,14 @@ def dowg(
     weight_decay: ScalarLike | None = None,
     mask: FilterSpec | None = None,
 ) -> Chain:
-    r"""DoWG: SGD with the parameter-free step size of [`eqopt.contrib.ScaleByDoWG`][].
+    r"""DoWG: SGD with the parameter-free step size of `eqopt.contrib.ScaleByDoWG`.
 
     $$ x_{t+1} = x_t - \gamma_t \frac{\bar r_t^2}{\sqrt{v_t} + \epsilon}\,
        (g_t + \lambda x_t) $$
 
-    The chain is weight decay ([`eqopt.AddDecayedWeights`][], or
-    [`eqopt.Identity`][] when `weight_decay` is `None`),
-    [`eqopt.contrib.ScaleByDoWG`][], [`eqopt.ScaleByLearningRate`][]. `mask` is
+    The chain is weight decay (`eqopt.AddDecayedWeights`, or
+    `eqopt.Identity` when `weight_decay` is `None`),
+    `eqopt.contrib.ScaleByDoWG`, `eqopt.ScaleByLearningRate`. `mask` is
     an Equinox filter spec of the leaves to decay.
 
     **Arguments:**
@@ -289,7 +302,7 @@ def dowg(
     - `weight_decay`: $\lambda$, or `None` for none.
     - `mask`: the filter spec of the leaves to decay.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Khaled, Mishchenko & Jin, *DoWG Unleashed: An Efficient
     Universal Parameter-Free Gradient Descent Method*, NeurIPS 2023.

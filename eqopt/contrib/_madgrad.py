@@ -6,14 +6,9 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from .._base import (
-    AbstractGradientTransformation,
-    Params,
-    Updates,
-    leafwise,
-    zeros_like_trainable,
-)
+from .._base import AbstractGradientTransformation, Params, Updates
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._hyper import (
     Scalar,
     ScalarLike,
@@ -23,8 +18,10 @@ from .._hyper import (
     as_scalar_or_schedule,
     check_hyperparameter,
 )
+from .._leafwise import leafwise, zeros_like_trainable
 from .._numerics import safe_int32_increment
 from .._transform.decay import AddDecayedWeights
+from .._typecheck import checked
 from ._reductions import (
     cast_to,
     copy_trainable,
@@ -34,8 +31,9 @@ from ._reductions import (
 )
 
 
+@checked
 class MadgradState(eqx.Module):
-    """The state of [`eqopt.contrib.ScaleByMadgrad`][]: the step count, the
+    """The state of `eqopt.contrib.ScaleByMadgrad`: the step count, the
     weighted sums of squared gradients $v$ and of gradients $s$, and the initial
     parameters $x_0$."""
 
@@ -45,6 +43,7 @@ class MadgradState(eqx.Module):
     x0: Updates
 
 
+@checked
 class ScaleByMadgrad(AbstractGradientTransformation):
     r"""Returns MADGRAD's step: dual averaging with a cube-root adaptive scale.
 
@@ -90,6 +89,7 @@ class ScaleByMadgrad(AbstractGradientTransformation):
         check_hyperparameter("momentum", self.momentum, low=0.0, high=1.0)
         check_hyperparameter("eps", self.eps, low=0.0)
 
+    @init_entry
     def init(self, params: Params) -> MadgradState:
         refuse_complex(params, "madgrad")
         return MadgradState(
@@ -99,6 +99,7 @@ class ScaleByMadgrad(AbstractGradientTransformation):
             x0=copy_trainable(params),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -131,15 +132,17 @@ class ScaleByMadgrad(AbstractGradientTransformation):
         )
 
 
+@checked
 def scale_by_madgrad(
     learning_rate: ScalarOrSchedule,
     momentum: ScalarLike = 0.9,
     eps: ScalarLike = 1e-6,
 ) -> ScaleByMadgrad:
-    """Optax spelling of [`eqopt.contrib.ScaleByMadgrad`][]."""
+    """Optax spelling of `eqopt.contrib.ScaleByMadgrad`."""
     return ScaleByMadgrad(learning_rate=learning_rate, momentum=momentum, eps=eps)
 
 
+@checked
 def madgrad(
     learning_rate: ScalarOrSchedule,
     momentum: ScalarLike = 0.9,
@@ -148,8 +151,8 @@ def madgrad(
 ) -> Chain:
     r"""MADGRAD, with an optional $\ell_2$ penalty added to the gradients.
 
-    The chain is [`eqopt.AddDecayedWeights`][] then
-    [`eqopt.contrib.ScaleByMadgrad`][] (which holds the learning rate).
+    The chain is `eqopt.AddDecayedWeights` then
+    `eqopt.contrib.ScaleByMadgrad` (which holds the learning rate).
 
     **Arguments:**
 
@@ -158,7 +161,7 @@ def madgrad(
     - `weight_decay`: the $\ell_2$ penalty, added to the gradients.
     - `eps`: added to the cube root.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Defazio & Jelassi, *Adaptivity without Compromise: A
     Momentumized, Adaptive, Dual Averaged Gradient Method for Stochastic

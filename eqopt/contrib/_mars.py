@@ -7,15 +7,9 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, Int
 
-from .._base import (
-    AbstractGradientTransformation,
-    Params,
-    Updates,
-    full_like_trainable_real,
-    leafwise,
-    zeros_like_trainable,
-)
+from .._base import AbstractGradientTransformation, Params, Updates
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._filters import FilterSpec
 from .._hyper import (
     Scalar,
@@ -26,16 +20,19 @@ from .._hyper import (
     check_decays,
     check_hyperparameter,
 )
+from .._leafwise import full_like_trainable_real, leafwise, zeros_like_trainable
 from .._numerics import abs_squared, debias, safe_int32_increment
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
+from .._typecheck import checked
 
 Preconditioner = Literal["adamw", "lion"]
 _PRECONDITIONERS = ("adamw", "lion")
 
 
+@checked
 class ScaleByMarsState(eqx.Module):
-    """The state of [`eqopt.contrib.ScaleByMars`][].
+    """The state of `eqopt.contrib.ScaleByMars`.
 
     - `count`: the number of steps taken.
     - `mu`: the momentum of the corrected gradients $m_t$.
@@ -49,6 +46,7 @@ class ScaleByMarsState(eqx.Module):
     previous_grad: Updates
 
 
+@checked
 class ScaleByMars(AbstractGradientTransformation):
     r"""Preconditions MARS's variance-reduced gradient with AdamW or Lion.
 
@@ -119,6 +117,7 @@ class ScaleByMars(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return self.max_norm is None
 
+    @init_entry
     def init(self, params: Params) -> ScaleByMarsState:
         adamw = self.preconditioner == "adamw"
         return ScaleByMarsState(
@@ -128,6 +127,7 @@ class ScaleByMars(AbstractGradientTransformation):
             previous_grad=zeros_like_trainable(params),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -186,6 +186,7 @@ class ScaleByMars(AbstractGradientTransformation):
         )
 
 
+@checked
 def scale_by_mars(
     b1: ScalarLike = 0.95,
     b2: ScalarLike = 0.99,
@@ -195,7 +196,7 @@ def scale_by_mars(
     preconditioner: Preconditioner = "adamw",
     mu_dtype: DTypeLike | None = None,
 ) -> ScaleByMars:
-    """Lowercase spelling of [`eqopt.contrib.ScaleByMars`][]."""
+    """Lowercase spelling of `eqopt.contrib.ScaleByMars`."""
     return ScaleByMars(
         b1=b1,
         b2=b2,
@@ -207,6 +208,7 @@ def scale_by_mars(
     )
 
 
+@checked
 def mars_adamw(
     learning_rate: ScalarOrSchedule,
     b1: ScalarLike = 0.95,
@@ -222,9 +224,9 @@ def mars_adamw(
 
     $$ x_{t+1} = x_t - \eta_t \big(u_t + \lambda\, x_t\big) $$
 
-    with $u_t$ from [`eqopt.contrib.ScaleByMars`][] (`preconditioner="adamw"`).
+    with $u_t$ from `eqopt.contrib.ScaleByMars` (`preconditioner="adamw"`).
     Unlike the authors' code, every selected leaf gets MARS (theirs trains 1-D
-    parameters with plain AdamW by default); use [`eqopt.partition`][] for
+    parameters with plain AdamW by default); use `eqopt.partition` for
     that split.
 
     !!! example
@@ -239,11 +241,11 @@ def mars_adamw(
 
     - `learning_rate`: $\eta$, a number or a schedule.
     - `b1`, `b2`, `gamma`, `eps`, `max_norm`, `mu_dtype`: as for
-      [`eqopt.contrib.ScaleByMars`][].
+      `eqopt.contrib.ScaleByMars`.
     - `weight_decay`: $\lambda$ (decoupled, multiplied by the learning rate).
     - `mask`: a filter spec of the leaves to decay.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Yuan et al., *MARS: Unleashing the Power of Variance
     Reduction for Training Large Models*, arXiv:2411.10438, 2024.
@@ -263,6 +265,7 @@ def mars_adamw(
     )
 
 
+@checked
 def mars_lion(
     learning_rate: ScalarOrSchedule,
     b1: ScalarLike = 0.95,
@@ -276,16 +279,16 @@ def mars_lion(
 
     $$ x_{t+1} = x_t - \eta_t \big(\operatorname{sign}(m_t) + \lambda\, x_t\big) $$
 
-    with $m_t$ from [`eqopt.contrib.ScaleByMars`][] (`preconditioner="lion"`).
+    with $m_t$ from `eqopt.contrib.ScaleByMars` (`preconditioner="lion"`).
 
     **Arguments:**
 
     - `learning_rate`: $\eta$, a number or a schedule.
-    - `b1`, `gamma`, `max_norm`, `mu_dtype`: as for [`eqopt.contrib.ScaleByMars`][].
+    - `b1`, `gamma`, `max_norm`, `mu_dtype`: as for `eqopt.contrib.ScaleByMars`.
     - `weight_decay`: $\lambda$ (decoupled, multiplied by the learning rate).
     - `mask`: a filter spec of the leaves to decay.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Yuan et al., *MARS: Unleashing the Power of Variance
     Reduction for Training Large Models*, arXiv:2411.10438, 2024.

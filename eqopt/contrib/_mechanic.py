@@ -6,17 +6,13 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from .._base import (
-    AbstractGradientTransformation,
-    OptState,
-    Params,
-    Updates,
-    leafwise,
-    zeros_like_trainable,
-)
+from .._base import AbstractGradientTransformation, OptState, Params, Updates
+from .._entry import init_entry, update_entry
 from .._hyper import Scalar, ScalarLike, as_scalar, check_hyperparameter
 from .._interop import as_transform
+from .._leafwise import leafwise, zeros_like_trainable
 from .._numerics import safe_int32_increment
+from .._typecheck import checked
 from ._reductions import (
     cast_to,
     real_inner,
@@ -28,8 +24,9 @@ from ._reductions import (
 )
 
 
+@checked
 class MechanicState(eqx.Module):
-    """The state of [`eqopt.contrib.Mechanize`][]: the base optimiser's state,
+    """The state of `eqopt.contrib.Mechanize`: the base optimiser's state,
     the sum $\\Delta_t$ of its updates, and Mechanic's per-$\\beta$ statistics
     $r, m, v$ and scales $s$ (each of shape `(num_betas,)`)."""
 
@@ -42,6 +39,7 @@ class MechanicState(eqx.Module):
     delta: Updates
 
 
+@checked
 class Mechanize(AbstractGradientTransformation):
     r"""Learns the scale of another optimiser's updates online (Mechanic).
 
@@ -113,6 +111,7 @@ class Mechanize(AbstractGradientTransformation):
     def _betas(self, dtype: Any) -> Float[Array, " num_betas"]:
         return jnp.asarray([1 - 0.1 ** (i + 1) for i in range(self.num_betas)], dtype)
 
+    @init_entry
     def init(self, params: Params) -> MechanicState:
         dtype = scalar_dtype(params)
         shape = [self.num_betas]
@@ -127,6 +126,7 @@ class Mechanize(AbstractGradientTransformation):
             delta=zeros_like_trainable(params),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -181,6 +181,7 @@ class Mechanize(AbstractGradientTransformation):
         )
 
 
+@checked
 def mechanize(
     base_optimizer: Any,
     weight_decay: ScalarLike = 0.01,
@@ -188,7 +189,7 @@ def mechanize(
     s_init: ScalarLike = 1e-6,
     num_betas: int = 6,
 ) -> Mechanize:
-    """Optax spelling of [`eqopt.contrib.Mechanize`][]."""
+    """Optax spelling of `eqopt.contrib.Mechanize`."""
     return Mechanize(
         base_optimizer=base_optimizer,
         weight_decay=weight_decay,

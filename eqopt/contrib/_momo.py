@@ -10,14 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from .._base import (
-    AbstractGradientTransformation,
-    Params,
-    Updates,
-    full_like_trainable_real,
-    leafwise,
-    zeros_like_trainable,
-)
+from .._base import AbstractGradientTransformation, Params, Updates
+from .._entry import init_entry, update_entry
 from .._hyper import (
     Scalar,
     ScalarLike,
@@ -28,7 +22,9 @@ from .._hyper import (
     check_decays,
     check_hyperparameter,
 )
+from .._leafwise import full_like_trainable_real, leafwise, zeros_like_trainable
 from .._numerics import abs_squared, safe_int32_increment
+from .._typecheck import checked
 from ._reductions import (
     cast_to,
     evaluate,
@@ -74,8 +70,9 @@ def _safe_ratio(numerator, denominator, fallback):
     )
 
 
+@checked
 class MomoState(eqx.Module):
-    """The state of [`eqopt.contrib.Momo`][]: the momentum $d_k$, the averaged
+    """The state of `eqopt.contrib.Momo`: the momentum $d_k$, the averaged
     loss $\\bar f_k$, the averaged $\\langle g, x\\rangle$ ($\\gamma_k$), the
     lower bound estimate and the step count."""
 
@@ -86,6 +83,7 @@ class MomoState(eqx.Module):
     count: Int[Array, ""]
 
 
+@checked
 class Momo(AbstractGradientTransformation):
     r"""SGD with momentum and MoMo's adaptive (Polyak-type) step size.
 
@@ -142,6 +140,7 @@ class Momo(AbstractGradientTransformation):
         check_hyperparameter("learning_rate", self.learning_rate, low=0.0)
         check_hyperparameter("weight_decay", self.weight_decay, low=0.0)
 
+    @init_entry
     def init(self, params: Params) -> MomoState:
         dtype = scalar_dtype(params)
         return MomoState(
@@ -152,6 +151,7 @@ class Momo(AbstractGradientTransformation):
             count=jnp.zeros([], jnp.int32),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -207,6 +207,7 @@ class Momo(AbstractGradientTransformation):
         )
 
 
+@checked
 def momo(
     learning_rate: ScalarOrSchedule = 1.0,
     beta: ScalarLike = 0.9,
@@ -214,7 +215,7 @@ def momo(
     weight_decay: ScalarLike = 0.0,
     adapt_lower_bound: bool = False,
 ) -> Momo:
-    """Optax spelling of [`eqopt.contrib.Momo`][]."""
+    """Optax spelling of `eqopt.contrib.Momo`."""
     return Momo(
         learning_rate=learning_rate,
         beta=beta,
@@ -224,8 +225,9 @@ def momo(
     )
 
 
+@checked
 class MomoAdamState(eqx.Module):
-    """The state of [`eqopt.contrib.MomoAdam`][]: Adam's two moments, the
+    """The state of `eqopt.contrib.MomoAdam`: Adam's two moments, the
     averaged loss, the averaged $\\langle g, x\\rangle$, the lower bound
     estimate and the step count."""
 
@@ -237,10 +239,11 @@ class MomoAdamState(eqx.Module):
     count: Int[Array, ""]
 
 
+@checked
 class MomoAdam(AbstractGradientTransformation):
     r"""Adam(W) with MoMo's adaptive (Polyak-type) step size.
 
-    As [`eqopt.contrib.Momo`][], in Adam's preconditioned geometry. With
+    As `eqopt.contrib.Momo`, in Adam's preconditioned geometry. With
     $\rho_k = 1 - \beta_1^k$, $D_k = \sqrt{v_k / (1 - \beta_2^k)} + \epsilon$ and
     $\delta = 1 + \alpha_k \lambda$ (averages start at zero):
 
@@ -256,7 +259,7 @@ class MomoAdam(AbstractGradientTransformation):
     \end{aligned}
     $$
 
-    `adapt_lower_bound` estimates $f_*$ online as in [`eqopt.contrib.Momo`][]
+    `adapt_lower_bound` estimates $f_*$ online as in `eqopt.contrib.Momo`
     (divided by $\rho_k$). `update` needs the parameters and `value=loss`.
 
     !!! note "Differences from Optax"
@@ -296,6 +299,7 @@ class MomoAdam(AbstractGradientTransformation):
         check_hyperparameter("eps", self.eps, low=0.0)
         check_hyperparameter("weight_decay", self.weight_decay, low=0.0)
 
+    @init_entry
     def init(self, params: Params) -> MomoAdamState:
         dtype = scalar_dtype(params)
         return MomoAdamState(
@@ -307,6 +311,7 @@ class MomoAdam(AbstractGradientTransformation):
             count=jnp.zeros([], jnp.int32),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -388,6 +393,7 @@ class MomoAdam(AbstractGradientTransformation):
         )
 
 
+@checked
 def momo_adam(
     learning_rate: ScalarOrSchedule = 1e-2,
     b1: ScalarLike = 0.9,
@@ -397,7 +403,7 @@ def momo_adam(
     weight_decay: ScalarLike = 0.0,
     adapt_lower_bound: bool = False,
 ) -> MomoAdam:
-    """Optax spelling of [`eqopt.contrib.MomoAdam`][]."""
+    """Optax spelling of `eqopt.contrib.MomoAdam`."""
     return MomoAdam(
         learning_rate=learning_rate,
         b1=b1,

@@ -2,26 +2,24 @@
 
 from typing import Any
 
-from .._base import (
-    AbstractGradientTransformation,
-    EmptyState,
-    Params,
-    Updates,
-    leafwise,
-)
+from .._base import AbstractGradientTransformation, EmptyState, Params, Updates
+from .._entry import init_entry, update_entry
+from .._leafwise import leafwise
 from .._numerics import tree_l2_norm
+from .._typecheck import checked
 
-#: The state of [`eqopt.contrib.Normalize`][] (Optax's name for an empty state).
+#: The state of `eqopt.contrib.Normalize` (Optax's name for an empty state).
 NormalizeState = EmptyState
 
 
+@checked
 class Normalize(AbstractGradientTransformation):
     r"""Divides the updates by their global L2 norm.
 
     $$ u \mapsto \frac{u}{\|u\|_2}, \qquad \|u\|_2 = \sqrt{\textstyle\sum_\ell \sum_i |u_{\ell,i}|^2} $$
 
     The norm is over all leaves together. Chained before `sgd(rho)` it gives
-    the adversarial step of SAM (see [`eqopt.contrib.sam`][]). A zero update
+    the adversarial step of SAM (see `eqopt.contrib.sam`). A zero update
     gives NaN, as in Optax.
 
     **References:** Foret, Kleiner, Mobahi & Neyshabur, *Sharpness-Aware
@@ -33,9 +31,11 @@ class Normalize(AbstractGradientTransformation):
         # A reduction over the whole tree, like global-norm clipping.
         return True
 
+    @init_entry
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -47,6 +47,7 @@ class Normalize(AbstractGradientTransformation):
         return leafwise(lambda g: g / norm.astype(g.dtype), updates), state
 
 
+@checked
 def normalize() -> Normalize:
-    """Optax spelling of [`eqopt.contrib.Normalize`][]."""
+    """Optax spelling of `eqopt.contrib.Normalize`."""
     return Normalize()

@@ -7,13 +7,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Int, Real
 
-from .._base import (
-    AbstractGradientTransformation,
-    Params,
-    Updates,
-    is_trainable,
-    leafwise,
-)
+from .._base import AbstractGradientTransformation, Params, Updates, is_trainable
+from .._entry import init_entry, update_entry
 from .._hyper import (
     IntScalar,
     Scalar,
@@ -23,12 +18,15 @@ from .._hyper import (
     check_hyperparameter,
     is_concrete,
 )
+from .._leafwise import leafwise
 from .._numerics import safe_increment
+from .._typecheck import checked
 from ..tree._casting import dtype as tree_dtype
 
 
+@checked
 class ReduceLROnPlateauState(eqx.Module):
-    """The state of [`eqopt.contrib.ReduceOnPlateau`][].
+    """The state of `eqopt.contrib.ReduceOnPlateau`.
 
     `scale` multiplies the updates; `best_value` is the best (lowest) average
     value so far; `plateau_count` counts evaluations without improvement;
@@ -44,6 +42,7 @@ class ReduceLROnPlateauState(eqx.Module):
     avg_value: Float[Array, ""]
 
 
+@checked
 class ReduceOnPlateau(AbstractGradientTransformation):
     r"""Multiplies the updates by a scale that drops when the loss plateaus.
 
@@ -112,6 +111,7 @@ class ReduceOnPlateau(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return True
 
+    @init_entry
     def init(self, params: Params) -> ReduceLROnPlateauState:
         trainable = eqx.filter(params, is_trainable)
         lowest = jnp.finfo(tree_dtype(trainable, "lowest")).dtype
@@ -159,6 +159,7 @@ class ReduceOnPlateau(AbstractGradientTransformation):
             avg_value=jnp.zeros_like(state.avg_value),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -188,6 +189,7 @@ class ReduceOnPlateau(AbstractGradientTransformation):
         return leafwise(lambda g: scale.astype(g.dtype) * g, updates), state
 
 
+@checked
 def reduce_on_plateau(
     factor: ScalarLike = 0.1,
     patience: int = 10,
@@ -197,7 +199,7 @@ def reduce_on_plateau(
     accumulation_size: int = 1,
     min_scale: ScalarLike = 0.0,
 ) -> ReduceOnPlateau:
-    """Optax spelling of [`eqopt.contrib.ReduceOnPlateau`][].
+    """Optax spelling of `eqopt.contrib.ReduceOnPlateau`.
 
     !!! example
 

@@ -2,6 +2,8 @@
 
 from typing import no_type_check
 
+from .._typecheck import checked
+
 # Amsel, Persson, Musco & Gower (2025), Polar Express: the greedy minimax
 # polynomials for singular values in [1e-3, 1] (their published table; the
 # eighth is the fixed point, repeated for more iterations).
@@ -18,6 +20,7 @@ _POLAR_EXPRESS_TABLE = (
 _POLAR_EXPRESS_SAFETY = 1.01
 
 
+@checked
 def polar_express_coefficients(steps: int = 5) -> tuple[tuple[float, ...], ...]:
     r"""The Polar Express coefficients for `steps` Newton–Schulz iterations of Muon.
 

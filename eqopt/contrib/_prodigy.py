@@ -6,14 +6,8 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from .._base import (
-    AbstractGradientTransformation,
-    Params,
-    Updates,
-    full_like_trainable_real,
-    leafwise,
-    zeros_like_trainable,
-)
+from .._base import AbstractGradientTransformation, Params, Updates
+from .._entry import init_entry, update_entry
 from .._hyper import (
     Scalar,
     ScalarLike,
@@ -25,7 +19,9 @@ from .._hyper import (
     check_decays,
     check_hyperparameter,
 )
+from .._leafwise import full_like_trainable_real, leafwise, zeros_like_trainable
 from .._numerics import abs_squared, safe_int32_increment
+from .._typecheck import checked
 from ._reductions import (
     cast_to,
     copy_trainable,
@@ -37,8 +33,9 @@ from ._reductions import (
 )
 
 
+@checked
 class ProdigyState(eqx.Module):
-    """The state of [`eqopt.contrib.Prodigy`][].
+    """The state of `eqopt.contrib.Prodigy`.
 
     `estim_lr` is the current estimate $d_k$ of the distance to the solution,
     `numerator_weighted` the weighted sum $r_k$ and `grad_sum` the weighted sum
@@ -54,6 +51,7 @@ class ProdigyState(eqx.Module):
     count: Int[Array, ""]
 
 
+@checked
 class Prodigy(AbstractGradientTransformation):
     r"""Learning-rate-free AdamW: Adam whose step size $d_k$ is estimated online.
 
@@ -130,6 +128,7 @@ class Prodigy(AbstractGradientTransformation):
         check_hyperparameter("estim_lr_coef", self.estim_lr_coef, low=0.0)
         check_hyperparameter("weight_decay", self.weight_decay, low=0.0)
 
+    @init_entry
     def init(self, params: Params) -> ProdigyState:
         dtype = scalar_dtype(params)
         return ProdigyState(
@@ -142,6 +141,7 @@ class Prodigy(AbstractGradientTransformation):
             count=jnp.zeros([], jnp.int32),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -207,6 +207,7 @@ class Prodigy(AbstractGradientTransformation):
         )
 
 
+@checked
 def prodigy(
     learning_rate: ScalarOrSchedule = 1.0,
     betas: tuple[ScalarLike, ScalarLike] = (0.9, 0.999),
@@ -217,7 +218,7 @@ def prodigy(
     weight_decay: ScalarLike = 0.0,
     safeguard_warmup: bool = False,
 ) -> Prodigy:
-    """Optax spelling of [`eqopt.contrib.Prodigy`][] (`betas` is `(b1, b2)`)."""
+    """Optax spelling of `eqopt.contrib.Prodigy` (`betas` is `(b1, b2)`)."""
     b1, b2 = betas
     return Prodigy(
         learning_rate=learning_rate,

@@ -13,7 +13,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._base import Params, is_none, is_trainable, leafwise, path_str
+from .._base import Params, is_none, is_trainable, path_str
+from .._leafwise import leafwise
 
 
 @no_type_check

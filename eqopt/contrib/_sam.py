@@ -16,13 +16,16 @@ from .._base import (
     Updates,
     is_none,
     is_trainable,
-    require_params,
 )
+from .._entry import init_entry, update_entry
 from .._interop import as_transform
+from .._leafwise import require_params
+from .._typecheck import checked
 
 
+@checked
 class SAMState(eqx.Module):
-    """The state of [`eqopt.contrib.SAM`][].
+    """The state of `eqopt.contrib.SAM`.
 
     `steps_since_sync` counts the calls since the last outer step; `opt_state`
     and `adv_state` are the outer and adversarial optimisers' states; `cache`
@@ -52,6 +55,7 @@ def _negate(tree: Any) -> Any:
     return jax.tree.map(lambda x: None if x is None else -x, tree, is_leaf=is_none)
 
 
+@checked
 class SAM(AbstractGradientTransformation):
     r"""Sharpness-aware minimisation: step at the worst nearby point, move the true params.
 
@@ -118,6 +122,7 @@ class SAM(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return False
 
+    @init_entry
     def init(self, params: Params) -> SAMState:
         return SAMState(
             steps_since_sync=jnp.zeros([], jnp.int32),
@@ -130,6 +135,7 @@ class SAM(AbstractGradientTransformation):
             else jax.tree.map(jnp.copy, eqx.filter(params, is_trainable)),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -218,6 +224,7 @@ class SAM(AbstractGradientTransformation):
         )
 
 
+@checked
 def sam(
     optimizer: Any,
     adv_optimizer: Any,
@@ -226,7 +233,7 @@ def sam(
     opaque_mode: bool = False,
     batch_axis_name: str | None = None,
 ) -> SAM:
-    """Optax spelling of [`eqopt.contrib.SAM`][].
+    """Optax spelling of `eqopt.contrib.SAM`.
 
     !!! example
 

@@ -16,10 +16,9 @@ from .._base import (
     Updates,
     is_none,
     is_trainable,
-    leafwise,
-    require_params,
 )
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._hyper import (
     Scalar,
     ScalarLike,
@@ -30,22 +29,25 @@ from .._hyper import (
     check_hyperparameter,
 )
 from .._interop import as_transform
+from .._leafwise import leafwise, require_params
 from .._numerics import safe_increment
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
 from .._transform.rms import ScaleByRms
+from .._typecheck import checked
 from ..schedules._basic import warmup_constant_schedule
 from ..tree._casting import dtype as tree_dtype
 
 
+@checked
 class ScheduleFreeState(eqx.Module):
-    r"""The state of [`eqopt.contrib.ScheduleFree`][].
+    r"""The state of `eqopt.contrib.ScheduleFree`.
 
     `z` is the base optimiser's iterate $z_t$ (`None` at leaves that are not
     trained); the params themselves hold $y_t$. `weight_sum` is
     $\sum_{i \le t} \eta_{\max,i}^{p}$, `max_lr` the largest learning rate so
     far, and `step_count` starts at 1. `b1` is kept (in the params' lowest
-    dtype) for [`eqopt.contrib.schedule_free_eval_params`][].
+    dtype) for `eqopt.contrib.schedule_free_eval_params`.
     """
 
     b1: Float[Array, ""]
@@ -56,6 +58,7 @@ class ScheduleFreeState(eqx.Module):
     z: Updates
 
 
+@checked
 class ScheduleFree(AbstractGradientTransformation):
     r"""Makes a base optimiser schedule-free (Defazio et al., 2024).
 
@@ -76,12 +79,12 @@ class ScheduleFree(AbstractGradientTransformation):
     where $\eta_{\max,t}$ is the largest learning rate so far and $p$ the
     `weight_lr_power`. The update returned is $y_{t+1} - y_t$, so the params
     hold $y$; $x$ is recovered from $y$ and $z$ by
-    [`eqopt.contrib.schedule_free_eval_params`][]. Evaluate (and checkpoint
+    `eqopt.contrib.schedule_free_eval_params`. Evaluate (and checkpoint
     for inference) $x$, not the params.
 
     The learning rate here only weights the average; the base optimiser must
-    apply it itself (as [`eqopt.contrib.schedule_free_adamw`][] and
-    [`eqopt.contrib.schedule_free_sgd`][] do). `update` needs `params` and
+    apply it itself (as `eqopt.contrib.schedule_free_adamw` and
+    `eqopt.contrib.schedule_free_sgd` do). `update` needs `params` and
     forwards extra arguments to the base optimiser.
 
     **Arguments:**
@@ -118,6 +121,7 @@ class ScheduleFree(AbstractGradientTransformation):
     def runs_on_buffers(self) -> bool:
         return self.base_optimizer.runs_on_buffers
 
+    @init_entry
     def init(self, params: Params) -> ScheduleFreeState:
         trainable = eqx.filter(params, is_trainable)
         # The scalars are real, in the params' lowest dtype (bfloat16 for bfloat16 params).
@@ -137,6 +141,7 @@ class ScheduleFree(AbstractGradientTransformation):
             z=jax.tree.map(copy, params),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -186,6 +191,7 @@ class ScheduleFree(AbstractGradientTransformation):
         )
 
 
+@checked
 def schedule_free(
     base_optimizer: Any,
     learning_rate: ScalarOrSchedule,
@@ -193,7 +199,7 @@ def schedule_free(
     weight_lr_power: ScalarLike = 2.0,
     state_dtype: DTypeLike | None = None,
 ) -> ScheduleFree:
-    """Optax spelling of [`eqopt.contrib.ScheduleFree`][]."""
+    """Optax spelling of `eqopt.contrib.ScheduleFree`."""
     return ScheduleFree(
         base_optimizer=base_optimizer,
         learning_rate=learning_rate,
@@ -222,6 +228,7 @@ def _find_state(state: Any) -> ScheduleFreeState:
     return found[0]
 
 
+@checked
 def schedule_free_eval_params(state: Any, params: Params) -> Params:
     r"""The parameters to evaluate a schedule-free model at: the average $x_t$.
 
@@ -234,7 +241,7 @@ def schedule_free_eval_params(state: Any, params: Params) -> Params:
 
     **Arguments:**
 
-    - `state`: the optimiser state: a [`eqopt.contrib.ScheduleFreeState`][],
+    - `state`: the optimiser state: a `eqopt.contrib.ScheduleFreeState`,
       or any state containing exactly one (for example a chain's). Optax
       accepts the former only.
     - `params`: the params being trained, $y_t$.
@@ -262,6 +269,7 @@ def _warmup(learning_rate: Any, warmup_steps: int | None) -> Any:
     )
 
 
+@checked
 def schedule_free_sgd(
     learning_rate: ScalarLike = 1.0,
     warmup_steps: int | None = None,
@@ -270,12 +278,12 @@ def schedule_free_sgd(
     weight_lr_power: ScalarLike = 2.0,
     state_dtype: DTypeLike | None = None,
 ) -> ScheduleFree:
-    r"""Schedule-free SGD: [`eqopt.contrib.ScheduleFree`][] around SGD.
+    r"""Schedule-free SGD: `eqopt.contrib.ScheduleFree` around SGD.
 
     $$ \Delta_t = -\eta_t \big(g(y_t) + \lambda\, y_t\big) $$
 
-    with the $z, x, y$ recursion of [`eqopt.contrib.ScheduleFree`][]. The base
-    optimiser is [`eqopt.sgd`][], after [`eqopt.add_decayed_weights`][] when
+    with the $z, x, y$ recursion of `eqopt.contrib.ScheduleFree`. The base
+    optimiser is `eqopt.sgd`, after `eqopt.add_decayed_weights` when
     `weight_decay` is given.
 
     **Arguments:**
@@ -287,7 +295,7 @@ def schedule_free_sgd(
     - `weight_lr_power`: $p$, the power of the learning rate in the averaging weights.
     - `state_dtype`: dtype to keep $z$ in.
 
-    **Returns:** a [`eqopt.contrib.ScheduleFree`][].
+    **Returns:** a `eqopt.contrib.ScheduleFree`.
 
     **References:** Defazio et al., *The Road Less Scheduled*, NeurIPS 2024.
     """
@@ -304,6 +312,7 @@ def schedule_free_sgd(
     )
 
 
+@checked
 def schedule_free_adamw(
     learning_rate: ScalarLike = 0.0025,
     warmup_steps: int | None = None,
@@ -314,7 +323,7 @@ def schedule_free_adamw(
     weight_lr_power: ScalarLike = 2.0,
     state_dtype: DTypeLike | None = None,
 ) -> ScheduleFree:
-    r"""Schedule-free AdamW: [`eqopt.contrib.ScheduleFree`][] around an RMS-scaled step.
+    r"""Schedule-free AdamW: `eqopt.contrib.ScheduleFree` around an RMS-scaled step.
 
     $$
     v_t = \beta_2 v_{t-1} + (1 - \beta_2)\, g_t^2, \qquad
@@ -322,10 +331,10 @@ def schedule_free_adamw(
                 + \lambda\, y_t \Big)
     $$
 
-    with the $z, x, y$ recursion of [`eqopt.contrib.ScheduleFree`][]: there is no
+    with the $z, x, y$ recursion of `eqopt.contrib.ScheduleFree`: there is no
     first moment, because the interpolation plays its part. The base optimiser is
-    the chain [`eqopt.scale_by_rms`][] (bias-corrected, $\epsilon$ outside the
-    root), [`eqopt.add_decayed_weights`][], [`eqopt.scale_by_learning_rate`][].
+    the chain `eqopt.scale_by_rms` (bias-corrected, $\epsilon$ outside the
+    root), `eqopt.add_decayed_weights`, `eqopt.scale_by_learning_rate`.
 
     **Arguments:**
 
@@ -339,7 +348,7 @@ def schedule_free_adamw(
     - `weight_lr_power`: $p$, the power of the learning rate in the averaging weights.
     - `state_dtype`: dtype to keep $z$ in.
 
-    **Returns:** a [`eqopt.contrib.ScheduleFree`][].
+    **Returns:** a `eqopt.contrib.ScheduleFree`.
 
     **References:** Defazio et al., *The Road Less Scheduled*, NeurIPS 2024.
     """

@@ -12,6 +12,7 @@ from jaxtyping import Array, Float, Int, PyTree
 
 from .._base import AbstractGradientTransformation, Params, Updates, is_none
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._hyper import (
     Scalar,
     ScalarLike,
@@ -24,6 +25,7 @@ from .._linalg import matrix_inverse_pth_root
 from .._numerics import safe_int32_increment
 from .._sharding import gathered, like, whole
 from .._transform.basic import ScaleByLearningRate
+from .._typecheck import checked
 from ._kronecker import apply_per_axis, gram, group_leaves, map_params, merge_small_dims
 
 Grafting = Literal["sgd", "adagrad", "adam"]
@@ -35,8 +37,9 @@ _ROOT_METHODS = ("eigh", "newton")
 BlockFactors = PyTree[Float[Array, "_ _ _"]]
 
 
+@checked
 class ScaleByShampooState(eqx.Module):
-    """The state of [`eqopt.contrib.ScaleByShampoo`][].
+    """The state of `eqopt.contrib.ScaleByShampoo`.
 
     `graft_nu` (the grafting method's second moment, `None` for SGD grafting),
     `graft_momentum` and `momentum` are shaped like the params. Per leaf,
@@ -90,6 +93,7 @@ class _Layout:
         return x.reshape(original_shape)
 
 
+@checked
 class ScaleByShampoo(AbstractGradientTransformation):
     r"""Preconditions each block of a tensor by inverse roots of its Kronecker factors (Shampoo).
 
@@ -207,6 +211,7 @@ class ScaleByShampoo(AbstractGradientTransformation):
         grid = tuple(-(-size // b) for size, b in zip(shape, block, strict=True))
         return _Layout(shape, block, grid)
 
+    @init_entry
     def init(self, params: Params) -> ScaleByShampooState:
         def factors(p, eye):
             layout = self._layout(p.shape)
@@ -251,6 +256,7 @@ class ScaleByShampoo(AbstractGradientTransformation):
         root = (vectors * inverse[None, :]) @ vectors.T
         return root, jnp.where(jnp.all(jnp.isfinite(root)), 0.0, jnp.inf)
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -448,6 +454,7 @@ class ScaleByShampoo(AbstractGradientTransformation):
         )
 
 
+@checked
 def scale_by_shampoo(
     block_size: int = 128,
     b1: ScalarLike = 0.9,
@@ -467,7 +474,7 @@ def scale_by_shampoo(
     merge_small_dims_block_size: int | None = 4096,
     max_preconditioned_dim: int = 4096,
 ) -> ScaleByShampoo:
-    """Builds [`eqopt.contrib.ScaleByShampoo`][] (Gupta et al., 2018; Anil et al., 2020)."""
+    """Builds `eqopt.contrib.ScaleByShampoo` (Gupta et al., 2018; Anil et al., 2020)."""
     return ScaleByShampoo(
         block_size=block_size,
         b1=b1,
@@ -488,6 +495,7 @@ def scale_by_shampoo(
     )
 
 
+@checked
 def shampoo(
     learning_rate: ScalarOrSchedule,
     block_size: int = 128,
@@ -510,7 +518,7 @@ def shampoo(
 ) -> Chain:
     r"""Shampoo with grafting: $w_t = w_{t-1} - \eta_t u_t$.
 
-    $u_t$ is the direction of [`eqopt.contrib.ScaleByShampoo`][] (blocked
+    $u_t$ is the direction of `eqopt.contrib.ScaleByShampoo` (blocked
     Kronecker factors, inverse $2k$-th roots, grafted onto SGD, Adagrad or
     Adam); the defaults are those of Anil et al.'s distributed Shampoo.
 
@@ -527,9 +535,9 @@ def shampoo(
         ```
 
     **Arguments:** `learning_rate` ($\eta$, a number or a schedule); the
-    others as for [`eqopt.contrib.ScaleByShampoo`][].
+    others as for `eqopt.contrib.ScaleByShampoo`.
 
-    **Returns:** an [`eqopt.Chain`][] of `scale_by_shampoo` and
+    **Returns:** an `eqopt.Chain` of `scale_by_shampoo` and
     `scale_by_learning_rate`.
 
     **References:** Gupta, Koren & Singer, *Shampoo: Preconditioned Stochastic

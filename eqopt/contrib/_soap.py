@@ -9,6 +9,7 @@ from jaxtyping import Array, Float, Int, PyTree
 
 from .._base import AbstractGradientTransformation, Params, Updates
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._filters import FilterSpec
 from .._hyper import (
     Scalar,
@@ -23,14 +24,16 @@ from .._numerics import safe_int32_increment
 from .._sharding import gathered, whole
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
+from .._typecheck import checked
 from ._kronecker import apply_per_axis, gram, map_leaves, map_params, merge_small_dims
 
 #: Per leaf, one square matrix per (merged) axis, `None` for an axis left alone.
 Factors = PyTree[Float[Array, "_ _"]]  # `None` (an empty subtree) where unused
 
 
+@checked
 class ScaleBySoapState(eqx.Module):
-    """The state of [`eqopt.contrib.ScaleBySoap`][].
+    """The state of `eqopt.contrib.ScaleBySoap`.
 
     `mu` is kept in the parameters' own basis, `nu` in the rotated one (both
     shaped like the params); per leaf, `statistics` and `eigenbases` are tuples
@@ -52,6 +55,7 @@ def _eigenbasis(statistic):
     return vectors[:, ::-1]
 
 
+@checked
 class ScaleBySoap(AbstractGradientTransformation):
     r"""Runs Adam in the eigenbasis of Shampoo's Kronecker-factored preconditioner (SOAP).
 
@@ -147,6 +151,7 @@ class ScaleBySoap(AbstractGradientTransformation):
             chosen = [axis == shortest for axis in range(len(shape))]
         return shape, chosen
 
+    @init_entry
     def init(self, params: Params) -> ScaleBySoapState:
         def factors(p, value):
             if jnp.iscomplexobj(p):
@@ -170,6 +175,7 @@ class ScaleBySoap(AbstractGradientTransformation):
             eigenbases=map_params(lambda p: factors(p, eye), params),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -260,6 +266,7 @@ class ScaleBySoap(AbstractGradientTransformation):
         )
 
 
+@checked
 def scale_by_soap(
     b1: ScalarLike = 0.95,
     b2: ScalarLike = 0.95,
@@ -272,7 +279,7 @@ def scale_by_soap(
     precondition_1d: bool = False,
     one_sided: bool = False,
 ) -> ScaleBySoap:
-    """Builds [`eqopt.contrib.ScaleBySoap`][] (Vyas et al., 2024)."""
+    """Builds `eqopt.contrib.ScaleBySoap` (Vyas et al., 2024)."""
     return ScaleBySoap(
         b1=b1,
         b2=b2,
@@ -286,6 +293,7 @@ def scale_by_soap(
     )
 
 
+@checked
 def soap(
     learning_rate: ScalarOrSchedule = 3e-3,
     b1: ScalarLike = 0.95,
@@ -305,7 +313,7 @@ def soap(
 
     $$ w_t = w_{t-1} - \eta_t \big(u_t + \lambda\, w_{t-1}\big) $$
 
-    with $u_t$ the direction of [`eqopt.contrib.ScaleBySoap`][]. Defaults are
+    with $u_t$ the direction of `eqopt.contrib.ScaleBySoap`. Defaults are
     the paper's (`b1 = b2 = 0.95`, a refresh every 10 steps).
 
     !!! example
@@ -322,9 +330,9 @@ def soap(
     - `learning_rate`: $\eta$, a number or a schedule.
     - `weight_decay`: $\lambda$ (decoupled, scaled by the learning rate).
     - `weight_decay_mask`: a filter spec of the leaves to decay.
-    - the others: as for [`eqopt.contrib.ScaleBySoap`][].
+    - the others: as for `eqopt.contrib.ScaleBySoap`.
 
-    **Returns:** an [`eqopt.Chain`][] of `scale_by_soap`, `add_decayed_weights`
+    **Returns:** an `eqopt.Chain` of `scale_by_soap`, `add_decayed_weights`
     and `scale_by_learning_rate`.
 
     **References:** Vyas et al., *SOAP: Improving and Stabilizing Shampoo using

@@ -17,12 +17,10 @@ from .._base import (
     Updates,
     is_none,
     is_trainable,
-    leafwise,
-    require_params,
-    zeros_like_trainable,
 )
 from .._combine import Chain
 from .._defaults import DefaultTransform, resolve
+from .._entry import init_entry, update_entry
 from .._filters import FilterSpec
 from .._hyper import (
     Scalar,
@@ -34,18 +32,22 @@ from .._hyper import (
     check_hyperparameter,
 )
 from .._interop import as_transform
+from .._leafwise import leafwise, require_params, zeros_like_trainable
 from .._numerics import debias, safe_int32_increment
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
+from .._typecheck import checked
 from ..tree._creation import random_like
 
 
+@checked
 class HutchinsonState(eqx.Module):
-    """The state of [`eqopt.contrib.HutchinsonEstimatorDiagHessian`][]: the random key."""
+    """The state of `eqopt.contrib.HutchinsonEstimatorDiagHessian`: the random key."""
 
     key: PRNGKeyArray
 
 
+@checked
 class HutchinsonEstimatorDiagHessian(AbstractGradientTransformation):
     r"""Estimates the diagonal of the Hessian with Hutchinson's estimator.
 
@@ -84,6 +86,7 @@ class HutchinsonEstimatorDiagHessian(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return False
 
+    @init_entry
     def init(self, params: Params) -> HutchinsonState:
         if self.random_seed is None:
             return HutchinsonState(key=jax.random.PRNGKey(0))
@@ -91,6 +94,7 @@ class HutchinsonEstimatorDiagHessian(AbstractGradientTransformation):
         # buffer twice.
         return HutchinsonState(key=jnp.array(self.random_seed, copy=True))
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -124,15 +128,17 @@ class HutchinsonEstimatorDiagHessian(AbstractGradientTransformation):
         return estimate, HutchinsonState(key=key)
 
 
+@checked
 def hutchinson_estimator_diag_hessian(
     random_seed: PRNGKeyArray | None = None,
 ) -> HutchinsonEstimatorDiagHessian:
-    """Optax spelling of [`eqopt.contrib.HutchinsonEstimatorDiagHessian`][]."""
+    """Optax spelling of `eqopt.contrib.HutchinsonEstimatorDiagHessian`."""
     return HutchinsonEstimatorDiagHessian(random_seed=random_seed)
 
 
+@checked
 class SophiaState(eqx.Module):
-    """The state of [`eqopt.contrib.ScaleBySophia`][]: moments and the estimator's state.
+    """The state of `eqopt.contrib.ScaleBySophia`: moments and the estimator's state.
 
     `nu` is the exponential average of the Hessian-diagonal estimates.
     """
@@ -143,6 +149,7 @@ class SophiaState(eqx.Module):
     hessian_fn_state: OptState
 
 
+@checked
 class ScaleBySophia(AbstractGradientTransformation):
     r"""Scales momentum by a diagonal Hessian estimate, elementwise clipped (Sophia).
 
@@ -210,6 +217,7 @@ class ScaleBySophia(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return False
 
+    @init_entry
     def init(self, params: Params) -> SophiaState:
         return SophiaState(
             count=jnp.zeros([], jnp.int32),
@@ -218,6 +226,7 @@ class ScaleBySophia(AbstractGradientTransformation):
             hessian_fn_state=self.hessian_diagonal_fn.init(params),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -278,6 +287,7 @@ class ScaleBySophia(AbstractGradientTransformation):
         )
 
 
+@checked
 def sophia(
     learning_rate: ScalarOrSchedule,
     b1: ScalarLike = 0.965,
@@ -300,7 +310,7 @@ def sophia(
           + \lambda\, \theta_{t-1} \Big)
     $$
 
-    with $\hat m_t$ and $h_t$ as in [`eqopt.contrib.ScaleBySophia`][]. The chain
+    with $\hat m_t$ and $h_t$ as in `eqopt.contrib.ScaleBySophia`. The chain
     is `scale_by_sophia`, `add_decayed_weights`, `scale_by_learning_rate`.
     With the default Hutchinson estimator, call
     `update(grads, state, params, obj_fn=lambda model: loss(model, batch))`.
@@ -310,11 +320,11 @@ def sophia(
     - `learning_rate`: $\eta$, a number or a schedule.
     - `b1`, `b2`, `eps`, `gamma`, `clip_threshold`, `update_interval`,
       `hessian_diagonal_fn`, `mu_dtype`, `verbose`,
-      `print_win_rate_every_n_steps`: as for [`eqopt.contrib.ScaleBySophia`][].
+      `print_win_rate_every_n_steps`: as for `eqopt.contrib.ScaleBySophia`.
     - `weight_decay`: $\lambda$.
     - `weight_decay_mask`: a filter spec of the leaves to decay.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Liu, Li, Hall, Liang & Ma, *Sophia: A Scalable Stochastic
     Second-order Optimizer for Language Model Pre-training*, ICLR 2024.

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, Real
 
+from .._typecheck import checked
 from ._utils import (
     as_float,
     class_indices,
@@ -27,6 +28,7 @@ from ._utils import (
 
 
 @same_shapes("logits", "labels")
+@checked
 def softmax_cross_entropy(
     logits: Float[ArrayLike, "*shape"],
     labels: Float[ArrayLike, "*shape"],
@@ -44,7 +46,7 @@ def softmax_cross_entropy(
     is $-\infty$ (the convention $0 \log 0 = 0$), so masking logits with
     `-inf` gives a finite loss and gradient. Optax returns NaN for the loss
     there (its gradient is finite); this function then agrees with
-    [`eqopt.losses.safe_softmax_cross_entropy`][].
+    `eqopt.losses.safe_softmax_cross_entropy`.
 
     **Arguments:**
 
@@ -52,7 +54,7 @@ def softmax_cross_entropy(
       `(*batch, classes)`.
     - `labels`: target distributions (one-hot or soft), of the same shape. For
       integer class indices use
-      [`eqopt.losses.softmax_cross_entropy_with_integer_labels`][].
+      `eqopt.losses.softmax_cross_entropy_with_integer_labels`.
     - `axis`: the class axis or axes (`None`: all axes).
     - `where`: a boolean mask of the shape of `logits` (classes to include), or
       of the output shape (examples to include).
@@ -74,6 +76,7 @@ def softmax_cross_entropy(
     return loss
 
 
+@checked
 def softmax_cross_entropy_with_integer_labels(
     logits: Float[ArrayLike, "..."],
     labels: Int[ArrayLike, "..."],
@@ -101,7 +104,7 @@ def softmax_cross_entropy_with_integer_labels(
       `(*batch,)`. A label outside that range gives a NaN loss for its example
       (and a zero gradient): `-1` too, which Optax reads as the last
       class (an example left out by `where` has loss 0 whatever its label).
-      For one-hot or soft labels use [`eqopt.losses.softmax_cross_entropy`][].
+      For one-hot or soft labels use `eqopt.losses.softmax_cross_entropy`.
     - `axis`: the class axis or axes.
     - `where`: a boolean mask of the shape of `logits` (classes to include), or
       of `labels` (examples to include).
@@ -146,6 +149,7 @@ def softmax_cross_entropy_with_integer_labels(
 
 
 @same_shapes("logits", "labels")
+@checked
 def safe_softmax_cross_entropy(
     logits: Float[ArrayLike, "*batch classes"],
     labels: Float[ArrayLike, "*batch classes"],
@@ -157,7 +161,7 @@ def safe_softmax_cross_entropy(
 
     A class whose logit is $-\infty$ (masked out) and whose label is 0 adds
     nothing to the loss or its gradient. Here
-    [`eqopt.losses.softmax_cross_entropy`][] follows the same convention, so the
+    `eqopt.losses.softmax_cross_entropy` follows the same convention, so the
     two agree; this one reduces only the last axis and has no `where`.
 
     **Arguments:**
@@ -188,6 +192,7 @@ def _sigmoid_cross_entropy(logits, labels):
 
 
 @same_shapes("logits", "labels")
+@checked
 def sigmoid_binary_cross_entropy(
     logits: Float[ArrayLike, "*shape"],
     labels: Real[ArrayLike, "*shape"],
@@ -225,6 +230,7 @@ def sigmoid_binary_cross_entropy(
 
 
 @same_shapes("logits", "labels")
+@checked
 def sigmoid_focal_loss(
     logits: Float[ArrayLike, "*shape"],
     labels: Real[ArrayLike, "*shape"],
@@ -283,6 +289,7 @@ def sigmoid_focal_loss(
 
 
 @same_shapes("logits", "labels", "where")
+@checked
 def poly_loss_cross_entropy(
     logits: Float[ArrayLike, "*shape"],
     labels: Float[ArrayLike, "*shape"],
@@ -335,6 +342,7 @@ def poly_loss_cross_entropy(
 
 
 @same_shapes("labels", "where")
+@checked
 def smooth_labels(
     labels: Float[ArrayLike, "*shape"],
     alpha: Real[ArrayLike, ""],
@@ -385,6 +393,7 @@ def smooth_labels(
 
 
 @same_shapes("predictor_outputs", "targets")
+@checked
 def hinge_loss(
     predictor_outputs: Float[ArrayLike, "*shape"],
     targets: Real[ArrayLike, "*shape"],
@@ -415,6 +424,7 @@ def hinge_loss(
 
 
 @same_shapes("predictor_outputs", "targets")
+@checked
 def perceptron_loss(
     predictor_outputs: Float[ArrayLike, "*shape"],
     targets: Real[ArrayLike, "*shape"],
@@ -450,6 +460,7 @@ def _label_scores(scores, labels):
 
 
 @same_shapes("scores[:-1]", "labels")
+@checked
 def multiclass_hinge_loss(
     scores: Float[ArrayLike, "*batch classes"],
     labels: Int[ArrayLike, "*batch"],
@@ -484,6 +495,7 @@ def multiclass_hinge_loss(
 
 
 @same_shapes("scores[:-1]", "labels")
+@checked
 def multiclass_perceptron_loss(
     scores: Float[ArrayLike, "*batch classes"],
     labels: Int[ArrayLike, "*batch"],

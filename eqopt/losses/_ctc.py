@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, Real
 
+from .._typecheck import checked
 from ._utils import class_indices, nan_where, same_shapes
 
 
@@ -14,6 +15,7 @@ def _is_padding(paddings) -> Bool[Array, "..."]:
 @same_shapes("logits[:-1]", "logit_paddings")
 @same_shapes("labels", "label_paddings")
 @same_shapes("logits[:1]", "labels[:1]")
+@checked
 def ctc_loss_with_forward_probs(
     logits: Float[ArrayLike, "batch time classes"],
     logit_paddings: Real[ArrayLike, "batch time"] | Bool[ArrayLike, "batch time"],
@@ -153,6 +155,7 @@ def ctc_loss_with_forward_probs(
 @same_shapes("logits[:-1]", "logit_paddings")
 @same_shapes("labels", "label_paddings")
 @same_shapes("logits[:1]", "labels[:1]")
+@checked
 def ctc_loss(
     logits: Float[ArrayLike, "batch time classes"],
     logit_paddings: Real[ArrayLike, "batch time"] | Bool[ArrayLike, "batch time"],
@@ -168,7 +171,7 @@ def ctc_loss(
 
     the negative log-probability of the label sequence $y$, summed over every
     frame-level alignment $\pi$ that collapses to $y$ once repeats are merged
-    and blanks removed. See [`eqopt.losses.ctc_loss_with_forward_probs`][] for
+    and blanks removed. See `eqopt.losses.ctc_loss_with_forward_probs` for
     the recursion and the treatment of padding.
 
     **Arguments:**

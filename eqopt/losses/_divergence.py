@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .._deprecation import deprecated
+from .._typecheck import checked
 from ._utils import expand_where, normalize_axes, same_shapes
 
 
@@ -34,6 +35,7 @@ def _relative_entropy_terms(log_predictions, targets):
 
 
 @same_shapes("log_predictions", "targets", "where")
+@checked
 def kl_divergence(
     log_predictions: Float[ArrayLike, "*shape"],
     targets: Float[ArrayLike, "*shape"],
@@ -72,6 +74,7 @@ def kl_divergence(
 
 
 @same_shapes("log_predictions", "log_targets", "where")
+@checked
 def kl_divergence_with_log_targets(
     log_predictions: Float[ArrayLike, "*shape"],
     log_targets: Float[ArrayLike, "*shape"],
@@ -114,6 +117,7 @@ def kl_divergence_with_log_targets(
 
 
 @same_shapes("log_predictions", "targets", "where")
+@checked
 def generalized_kl_divergence(
     log_predictions: Float[ArrayLike, "*shape"],
     targets: Float[ArrayLike, "*shape"],
@@ -154,6 +158,7 @@ def generalized_kl_divergence(
 
 @deprecated("`eqopt.losses.generalized_kl_divergence`")
 @same_shapes("log_predictions", "targets", "where")
+@checked
 def convex_kl_divergence(
     log_predictions: Float[ArrayLike, "*shape"],
     targets: Float[ArrayLike, "*shape"],
@@ -164,7 +169,7 @@ def convex_kl_divergence(
 
     $$ D(t \,\|\, q) = \sum_c \big( t_c (\log t_c - \log q_c) - t_c + q_c \big) $$
 
-    Identical to [`eqopt.losses.generalized_kl_divergence`][], kept so that code
+    Identical to `eqopt.losses.generalized_kl_divergence`, kept so that code
     using Optax's deprecated name ports unchanged. Unlike the plain KL divergence
     it is jointly convex in $(t, q)$ for unnormalised $q$.
 

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, Real
 
+from .._typecheck import checked
 from ._utils import class_indices, nan_where, same_shapes
 
 
@@ -41,6 +42,7 @@ class _FenchelYoungLoss(eqx.Module):
         return maxima - jnp.sum(scores * targets, axis=-1)
 
 
+@checked
 def make_fenchel_young_loss(
     max_fun: Callable[..., Any],
 ) -> Callable[..., Float[Array, "..."]]:
@@ -88,6 +90,7 @@ def _sparse_plus(x):
 
 
 @same_shapes("logits", "labels")
+@checked
 def sparsemax_loss(
     logits: Float[ArrayLike, "*shape"],
     labels: Real[ArrayLike, "*shape"] | Bool[ArrayLike, "*shape"],
@@ -141,6 +144,7 @@ def _sparsemax_threshold(scores):
 
 
 @same_shapes("scores[:-1]", "labels")
+@checked
 def multiclass_sparsemax_loss(
     scores: Float[ArrayLike, "*batch classes"],
     labels: Int[ArrayLike, "*batch"],

@@ -5,10 +5,12 @@ from collections.abc import Callable
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float, Real
 
+from .._typecheck import checked
 from ._utils import as_float, cross_entropy_terms, same_shapes
 
 
 @same_shapes("logits", "labels", "where", "weights")
+@checked
 def ranking_softmax_loss(
     logits: Float[ArrayLike, "*batch items"],
     labels: Real[ArrayLike, "*batch items"],

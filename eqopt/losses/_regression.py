@@ -3,6 +3,7 @@
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float, Real
 
+from .._typecheck import checked
 from ._utils import expand_where, normalize_axes, same_shapes
 
 
@@ -16,6 +17,7 @@ def _difference(
 
 
 @same_shapes("predictions", "targets")
+@checked
 def squared_error(
     predictions: Float[ArrayLike, "*shape"],
     targets: Real[ArrayLike, "*shape"] | None = None,
@@ -44,6 +46,7 @@ def squared_error(
 
 
 @same_shapes("predictions", "targets")
+@checked
 def l2_loss(
     predictions: Float[ArrayLike, "*shape"],
     targets: Real[ArrayLike, "*shape"] | None = None,
@@ -72,6 +75,7 @@ def l2_loss(
 
 
 @same_shapes("predictions", "targets")
+@checked
 def huber_loss(
     predictions: Float[ArrayLike, "*shape"],
     targets: Real[ArrayLike, "*shape"] | None = None,
@@ -116,6 +120,7 @@ def huber_loss(
 
 
 @same_shapes("predictions", "targets")
+@checked
 def log_cosh(
     predictions: Float[ArrayLike, "*shape"],
     targets: Real[ArrayLike, "*shape"] | None = None,
@@ -156,6 +161,7 @@ def _floored_norm(x, axes, epsilon):
 
 
 @same_shapes("predictions", "targets", "where")
+@checked
 def cosine_similarity(
     predictions: Float[ArrayLike, "*shape"],
     targets: Float[ArrayLike, "*shape"],
@@ -210,6 +216,7 @@ def cosine_similarity(
 
 
 @same_shapes("predictions", "targets", "where")
+@checked
 def cosine_distance(
     predictions: Float[ArrayLike, "*shape"],
     targets: Float[ArrayLike, "*shape"],
@@ -224,7 +231,7 @@ def cosine_distance(
        {\sqrt{\max(\|\hat y\|^2, \epsilon)}\,\sqrt{\max(\|y\|^2, \epsilon)}} $$
 
     It lies in $[0, 2]$. Zero norms are handled as in
-    [`eqopt.losses.cosine_similarity`][] (distance 1, finite gradient).
+    `eqopt.losses.cosine_similarity` (distance 1, finite gradient).
 
     **Arguments:**
 

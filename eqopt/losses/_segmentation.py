@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
+from .._typecheck import checked
 from ._utils import as_float, normalize_axes, one_of, same_shapes
 
 # Keeps the inverse squared class volume finite for a class absent from the batch.
@@ -69,6 +70,7 @@ def _dice(
 
 @one_of(reduction=("mean", "sum", "none"))
 @same_shapes("predictions", "targets")
+@checked
 def dice_loss(
     predictions: Float[ArrayLike, "*batch classes"],
     targets: Float[ArrayLike, "*batch classes"],
@@ -146,6 +148,7 @@ def dice_loss(
 
 
 @same_shapes("predictions", "targets")
+@checked
 def binary_dice_loss(
     predictions: Float[ArrayLike, "*shape"],
     targets: Real[ArrayLike, "*shape"],
@@ -201,6 +204,7 @@ def binary_dice_loss(
 
 
 @same_shapes("predictions", "targets")
+@checked
 def multiclass_generalized_dice_loss(
     predictions: Float[ArrayLike, "*batch classes"],
     targets: Float[ArrayLike, "*batch classes"],
@@ -216,7 +220,7 @@ def multiclass_generalized_dice_loss(
     batch (and $\varepsilon = 10^{-6}$), rescaled to average 1 over the classes,
     $\hat w_c = C\, w_c / \sum_k w_k$. The loss is the mean over the batch and
     the (kept) classes of the weighted per-class Dice losses $\hat w_c \ell_c$
-    of [`eqopt.losses.dice_loss`][]:
+    of `eqopt.losses.dice_loss`:
 
     $$ \ell = \frac{1}{|B|} \sum_{b \in B} \frac{1}{C} \sum_c \hat w_c
        \Big(1 - \frac{2 I_{bc} + 2s}{P_{bc} + T_{bc} + 2s}\Big) $$

@@ -4,10 +4,12 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Int, Real
 
+from .._typecheck import checked
 from ._utils import normalize_axes, same_shapes
 
 
 @same_shapes("embeddings[:1]", "labels")
+@checked
 def ntxent(
     embeddings: Float[ArrayLike, "batch features"],
     labels: Int[ArrayLike, " batch"],
@@ -70,6 +72,7 @@ def ntxent(
 
 
 @same_shapes("anchors", "positives", "negatives")
+@checked
 def triplet_margin_loss(
     anchors: Float[ArrayLike, "*shape"],
     positives: Float[ArrayLike, "*shape"],

@@ -53,7 +53,7 @@ def same_shapes(*specs: str) -> Callable[[_Function], _Function]:
     Each spec is an argument name, optionally with a slice of its shape:
     `"scores[:-1]"` (the shape without the last axis), `"logits[:1]"` (the
     batch size). Arguments that are `None` are skipped. A mismatch raises one
-    [`ShapeMismatchError`][] naming the arguments and their shapes, before the
+    `ShapeMismatchError` naming the arguments and their shapes, before the
     type checker (which would raise a `TypeCheckError`) sees the call.
     """
     parts = [_parse(spec) for spec in specs]

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
 from .._hyper import Scalar, as_scalar, weakly_typed
+from .._typecheck import checked
 from ..second_order import hessian_diag
 from ._estimators import DistBuilder, SampleFn
 
@@ -92,6 +93,7 @@ class AbstractControlVariate(eqx.Module):
         return iter((self.control_variate, self.expected_value, self.update_state))
 
 
+@checked
 class ControlDeltaMethod(AbstractControlVariate):
     r"""The delta-method control variate: the second-order Taylor expansion of $f$ at the mean of a Gaussian.
 
@@ -101,7 +103,7 @@ class ControlDeltaMethod(AbstractControlVariate):
 
     The quadratic term uses a Hessian-vector product and the expectation only the
     Hessian diagonal, so the Hessian of $f$ is never formed. Written for
-    `params = [loc, log_scale]` of [`eqopt.monte_carlo.multi_normal`][]. Keeps no
+    `params = [loc, log_scale]` of `eqopt.monte_carlo.multi_normal`. Keeps no
     state.
 
     **Arguments:**
@@ -165,6 +167,7 @@ def _baseline_state(
     return state
 
 
+@checked
 class MovingAvgBaseline(AbstractControlVariate):
     r"""A baseline: the exponential moving average of $f$ over past batches of samples.
 
@@ -235,6 +238,7 @@ class MovingAvgBaseline(AbstractControlVariate):
         return jax.lax.stop_gradient(new_value), count + 1
 
 
+@checked
 def control_delta_method(function: SampleFn) -> ControlDeltaMethod:
     r"""Builds the delta-method control variate for `function` (a second-order Taylor expansion at the mean).
 
@@ -245,7 +249,7 @@ def control_delta_method(function: SampleFn) -> ControlDeltaMethod:
 
     - `function`: $f$, taking one sample and returning a real scalar.
 
-    **Returns:** a [`eqopt.monte_carlo.ControlDeltaMethod`][], which unpacks into
+    **Returns:** a `eqopt.monte_carlo.ControlDeltaMethod`, which unpacks into
     Optax's three functions `(control_variate, expected_value, update_state)`.
 
     **References:** J. Paisley, D. Blei and M. Jordan, *Variational Bayesian
@@ -254,6 +258,7 @@ def control_delta_method(function: SampleFn) -> ControlDeltaMethod:
     return ControlDeltaMethod(function)
 
 
+@checked
 def moving_avg_baseline(
     function: SampleFn,
     decay: Float[ArrayLike, ""] = 0.99,
@@ -264,7 +269,7 @@ def moving_avg_baseline(
 
     $$ b \leftarrow \beta_t\, b + (1 - \beta_t)\, \tfrac1N \textstyle\sum_n f(x_n) $$
 
-    See [`eqopt.monte_carlo.MovingAvgBaseline`][] for the details.
+    See `eqopt.monte_carlo.MovingAvgBaseline` for the details.
 
     **Arguments:**
 
@@ -274,7 +279,7 @@ def moving_avg_baseline(
     - `use_decay_early_training_heuristic`: whether to use
       $\min(\beta, (1 + t)/(10 + t))$ as the decay at step $t$.
 
-    **Returns:** a [`eqopt.monte_carlo.MovingAvgBaseline`][], which unpacks into
+    **Returns:** a `eqopt.monte_carlo.MovingAvgBaseline`, which unpacks into
     Optax's three functions `(control_variate, expected_value, update_state)`.
 
     **References:** R. J. Williams, *Simple statistical gradient-following
@@ -291,6 +296,7 @@ ControlVariateBuilder: TypeAlias = Callable[[SampleFn], Any]
 GradEstimator: TypeAlias = Callable[..., Sequence[Array]]
 
 
+@checked
 def estimate_control_variate_coefficients(
     function: SampleFn,
     control_variate_from_function: ControlVariateBuilder,
@@ -319,9 +325,9 @@ def estimate_control_variate_coefficients(
 
     - `function`: $f$, taking one sample and returning a real scalar.
     - `control_variate_from_function`: builds the control variate from $f$, for
-      example [`eqopt.monte_carlo.control_delta_method`][].
+      example `eqopt.monte_carlo.control_delta_method`.
     - `grad_estimator`: the gradient estimator, for example
-      [`eqopt.monte_carlo.score_function_jacobians`][].
+      `eqopt.monte_carlo.score_function_jacobians`.
     - `params`: the distribution's parameters.
     - `dist_builder`: builds the distribution, `dist_builder(*params)`.
     - `rng`: the random key.
@@ -363,6 +369,7 @@ def estimate_control_variate_coefficients(
     ]
 
 
+@checked
 def control_variates_jacobians(
     function: SampleFn,
     control_variate_from_function: ControlVariateBuilder,
@@ -391,19 +398,19 @@ def control_variates_jacobians(
 
     - `function`: $f$, taking one sample and returning a real scalar.
     - `control_variate_from_function`: builds the control variate from $f$, for
-      example [`eqopt.monte_carlo.control_delta_method`][] or
+      example `eqopt.monte_carlo.control_delta_method` or
       `functools.partial(eqopt.monte_carlo.moving_avg_baseline, decay=0.9)`.
-      It may return an [`eqopt.monte_carlo.AbstractControlVariate`][] or Optax's
+      It may return an `eqopt.monte_carlo.AbstractControlVariate` or Optax's
       tuple of three functions.
     - `grad_estimator`: the gradient estimator, for example
-      [`eqopt.monte_carlo.score_function_jacobians`][].
+      `eqopt.monte_carlo.score_function_jacobians`.
     - `params`: the distribution's parameters.
     - `dist_builder`: builds the distribution, `dist_builder(*params)`.
     - `rng`: the random key.
     - `num_samples`: the number of samples.
     - `control_variate_state`: the control variate's state, if it has one.
     - `estimate_cv_coeffs`: whether to estimate $\beta$ per parameter with
-      [`eqopt.monte_carlo.estimate_control_variate_coefficients`][]; otherwise
+      `eqopt.monte_carlo.estimate_control_variate_coefficients`; otherwise
       $\beta = 1$.
     - `estimate_cv_coeffs_num_samples`: the number of fresh samples for that
       estimate.

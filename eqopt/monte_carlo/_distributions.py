@@ -7,7 +7,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
+from .._typecheck import checked
 
+
+@checked
 class MultiNormalDiagFromLogScale(eqx.Module):
     r"""A Gaussian with diagonal covariance, parametrised by its mean and log standard deviation.
 
@@ -97,6 +100,7 @@ class MultiNormalDiagFromLogScale(eqx.Module):
         return jnp.sum(log_density, axis=tuple(range(x.ndim - num_event_axes, x.ndim)))
 
 
+@checked
 def multi_normal(
     loc: Float[ArrayLike, "*#shape"], log_scale: Float[ArrayLike, "*#shape"]
 ) -> MultiNormalDiagFromLogScale:
@@ -112,7 +116,7 @@ def multi_normal(
     - `loc`: the mean.
     - `log_scale`: the log standard deviation.
 
-    **Returns:** a [`eqopt.monte_carlo.MultiNormalDiagFromLogScale`][].
+    **Returns:** a `eqopt.monte_carlo.MultiNormalDiagFromLogScale`.
 
     **References:** S. Mohamed, M. Rosca, M. Figurnov and A. Mnih, *Monte Carlo
     Gradient Estimation in Machine Learning*, JMLR 21(132), 2020.

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
+from .._typecheck import checked
 from ._distributions import MultiNormalDiagFromLogScale
 
 #: The function $f$ of one sample, returning a real scalar.
@@ -37,6 +38,7 @@ def _per_sample(values: Array, like: Array) -> Array:
     return values.reshape(values.shape + (1,) * (like.ndim - 1))
 
 
+@checked
 def score_function_jacobians(
     function: SampleFn,
     params: Sequence[Float[Array, "..."]],
@@ -52,7 +54,7 @@ def score_function_jacobians(
 
     It needs only values of $f$ (which may be discontinuous, and $x$ may be
     discrete) and a differentiable log-density; its variance is often high, see
-    [`eqopt.monte_carlo.control_variates_jacobians`][].
+    `eqopt.monte_carlo.control_variates_jacobians`.
 
     **Arguments:**
 
@@ -61,7 +63,7 @@ def score_function_jacobians(
     - `params`: a sequence of arrays, the parameters $\theta$.
     - `dist_builder`: builds the distribution, `dist_builder(*params)`, with
       `sample(shape, seed)` and `log_prob(x)` methods, such as
-      [`eqopt.monte_carlo.multi_normal`][].
+      `eqopt.monte_carlo.multi_normal`.
     - `rng`: the random key for the samples.
     - `num_samples`: the number of samples $N$.
 
@@ -86,6 +88,7 @@ def score_function_jacobians(
     return [_per_sample(values, score) * score for score in scores]
 
 
+@checked
 def pathwise_jacobians(
     function: SampleFn,
     params: Sequence[Float[Array, "..."]],
@@ -155,6 +158,7 @@ def _check_gaussian(dist: Any) -> None:
         )
 
 
+@checked
 def measure_valued_estimation_mean(
     function: SampleFn,
     dist: MultiNormalDiagFromLogScale,
@@ -178,7 +182,7 @@ def measure_valued_estimation_mean(
     **Arguments:**
 
     - `function`: $f$, taking one sample and returning a real scalar.
-    - `dist`: the Gaussian, from [`eqopt.monte_carlo.multi_normal`][].
+    - `dist`: the Gaussian, from `eqopt.monte_carlo.multi_normal`.
     - `rng`: the random key.
     - `num_samples`: the number of samples $N$.
     - `coupling`: whether to use the same Weibull draw for the positive and
@@ -213,6 +217,7 @@ def measure_valued_estimation_mean(
     return (positive - negative) / constant
 
 
+@checked
 def measure_valued_estimation_std(
     function: SampleFn,
     dist: MultiNormalDiagFromLogScale,
@@ -238,7 +243,7 @@ def measure_valued_estimation_std(
     **Arguments:**
 
     - `function`: $f$, taking one sample and returning a real scalar.
-    - `dist`: the Gaussian, from [`eqopt.monte_carlo.multi_normal`][].
+    - `dist`: the Gaussian, from `eqopt.monte_carlo.multi_normal`.
     - `rng`: the random key.
     - `num_samples`: the number of samples $N$.
     - `coupling`: whether to couple the positive and negative parts as above.
@@ -270,6 +275,7 @@ def measure_valued_estimation_std(
     return (positive - negative) / scale_n
 
 
+@checked
 def measure_valued_jacobians(
     function: SampleFn,
     params: Sequence[Float[Array, "..."]],
@@ -280,8 +286,8 @@ def measure_valued_jacobians(
 ) -> list[Float[Array, "num_samples ..."]]:
     r"""Estimates the gradient of a Gaussian expectation with respect to `[loc, log_scale]` by measure-valued derivatives.
 
-    Combines [`eqopt.monte_carlo.measure_valued_estimation_mean`][] and
-    [`eqopt.monte_carlo.measure_valued_estimation_std`][], the latter turned into
+    Combines `eqopt.monte_carlo.measure_valued_estimation_mean` and
+    `eqopt.monte_carlo.measure_valued_estimation_std`, the latter turned into
     a derivative in $\log\sigma$ by the chain rule:
 
     $$ \frac{\partial}{\partial \log\sigma_d} = \sigma_d \frac{\partial}{\partial \sigma_d}. $$
@@ -294,7 +300,7 @@ def measure_valued_jacobians(
     - `function`: $f$, taking one sample and returning a real scalar.
     - `params`: `[loc, log_scale]`.
     - `dist_builder`: must build a diagonal Gaussian
-      ([`eqopt.monte_carlo.multi_normal`][]); anything else is an error.
+      (`eqopt.monte_carlo.multi_normal`); anything else is an error.
     - `rng`: the random key.
     - `num_samples`: the number of samples $N$.
     - `coupling`: whether to couple the positive and negative samples.

@@ -11,10 +11,11 @@ from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
 
 from .._hyper import Scalar, as_scalar, weakly_typed
+from .._typecheck import checked
 
 
 class AbstractNoiseDistribution(eqx.Module):
-    """A noise distribution $\\mu$ for [`eqopt.perturbations.make_perturbed_fun`][]:
+    """A noise distribution $\\mu$ for `eqopt.perturbations.make_perturbed_fun`:
     it can be sampled and has a log-density known up to a constant.
 
     Any object with these two methods can be used as noise; subclassing this
@@ -51,6 +52,7 @@ class AbstractNoiseDistribution(eqx.Module):
         """
 
 
+@checked
 class Normal(AbstractNoiseDistribution):
     r"""The standard normal distribution.
 
@@ -74,6 +76,7 @@ class Normal(AbstractNoiseDistribution):
         return -0.5 * jnp.square(inputs)
 
 
+@checked
 class Gumbel(AbstractNoiseDistribution):
     r"""The standard Gumbel distribution.
 
@@ -106,6 +109,7 @@ def _magic_box(x: Array) -> Array:
     return jnp.exp(x - jax.lax.stop_gradient(x))
 
 
+@checked
 class PerturbedFunction(eqx.Module):
     r"""A Monte Carlo estimate of a function smoothed by random perturbations of its input.
 
@@ -116,7 +120,7 @@ class PerturbedFunction(eqx.Module):
     with `num_samples` samples. Its derivatives, of any order, taken with JAX's
     autodiff, are unbiased estimates of the derivatives of $f_\sigma$ that use
     only values of $f$, so $f$ may be piecewise constant (an argmax, a sort, a
-    solver). Built by [`eqopt.perturbations.make_perturbed_fun`][].
+    solver). Built by `eqopt.perturbations.make_perturbed_fun`.
 
     `sigma` is an array leaf, so it can be changed without recompiling, vmapped
     over, or differentiated.
@@ -204,6 +208,7 @@ class PerturbedFunction(eqx.Module):
         )
 
 
+@checked
 def make_perturbed_fun(
     fun: Callable[[Any], Any],
     num_samples: int = 1000,
@@ -242,11 +247,11 @@ def make_perturbed_fun(
     - `sigma`: the scale $\sigma$ of the perturbations.
     - `noise`: the noise distribution $\mu$, an object with
       `sample(key, sample_shape, dtype)` and `log_prob(inputs)`, such as
-      [`eqopt.perturbations.Gumbel`][] (the default) or
-      [`eqopt.perturbations.Normal`][].
+      `eqopt.perturbations.Gumbel` (the default) or
+      `eqopt.perturbations.Normal`.
     - `use_baseline`: whether to use $f(x)$ as a control variate.
 
-    **Returns:** a [`eqopt.perturbations.PerturbedFunction`][], called as
+    **Returns:** a `eqopt.perturbations.PerturbedFunction`, called as
     `perturbed(key, x)`.
 
     **References:** Q. Berthet, M. Blondel, O. Teboul, M. Cuturi, J.-P. Vert and

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, PyTree, Real
 
 from .. import tree as _tree
+from .._typecheck import checked
 from ..tree._paths import map_arrays, map_single
 
 
@@ -53,6 +54,7 @@ def _project_flat(
 # ---------------------------------------------------------------------------
 
 
+@checked
 def projection_non_negative(tree: PyTree) -> PyTree:
     r"""Projects onto the non-negative orthant.
 
@@ -75,6 +77,7 @@ def _bounds_tree(tree: Any, bound: Any) -> Any:
     return bound
 
 
+@checked
 def projection_box(tree: PyTree, lower: Any, upper: Any) -> PyTree:
     r"""Projects onto a box.
 
@@ -99,6 +102,7 @@ def projection_box(tree: PyTree, lower: Any, upper: Any) -> PyTree:
     )
 
 
+@checked
 def projection_hypercube(tree: PyTree, scale: Any = 1) -> PyTree:
     r"""Projects onto the hypercube $[0, s]^n$ (the unit hypercube by default).
 
@@ -114,6 +118,7 @@ def projection_hypercube(tree: PyTree, scale: Any = 1) -> PyTree:
     return projection_box(tree, 0, scale)
 
 
+@checked
 def projection_linf_ball(tree: PyTree, scale: Real[ArrayLike, ""] = 1) -> PyTree:
     r"""Projects onto the $\ell_\infty$ ball of radius $s$.
 
@@ -146,6 +151,7 @@ def _simplex_vector(vector: Array, scale: Any) -> Array:
     return jnp.maximum(vector - threshold, 0)
 
 
+@checked
 def projection_simplex(tree: PyTree, scale: Real[ArrayLike, ""] = 1) -> PyTree:
     r"""Projects onto the simplex of sum $s$ (the probability simplex by default).
 
@@ -186,6 +192,7 @@ def _l1_sphere_vector(vector: Array, scale: Any) -> Array:
     return jnp.sign(vector) * _simplex_vector(jnp.abs(vector), scale)
 
 
+@checked
 def projection_l1_sphere(tree: PyTree, scale: Real[ArrayLike, ""] = 1) -> PyTree:
     r"""Projects onto the $\ell_1$ sphere of radius $s$.
 
@@ -195,7 +202,7 @@ def projection_l1_sphere(tree: PyTree, scale: Real[ArrayLike, ""] = 1) -> PyTree
     $$
 
     with $P_{\Delta_s}$ the projection onto the simplex of sum $s$
-    ([`eqopt.projections.projection_simplex`][]). At $x = 0$ (where every point
+    (`eqopt.projections.projection_simplex`). At $x = 0$ (where every point
     of the sphere is equally near) this returns $0$, as Optax does.
 
     **Arguments:**
@@ -215,6 +222,7 @@ def projection_l1_sphere(tree: PyTree, scale: Real[ArrayLike, ""] = 1) -> PyTree
     )
 
 
+@checked
 def projection_l1_ball(tree: PyTree, scale: Real[ArrayLike, ""] = 1) -> PyTree:
     r"""Projects onto the $\ell_1$ ball of radius $s$.
 
@@ -259,6 +267,7 @@ def _scale_leaves(tree: Any, factor: Array) -> Any:
     return map_single(lambda x: _restore_dtype(x * factor, x), tree)
 
 
+@checked
 def projection_l2_sphere(tree: PyTree, scale: Real[ArrayLike, ""] = 1) -> PyTree:
     r"""Projects onto the $\ell_2$ sphere of radius $s$.
 
@@ -277,6 +286,7 @@ def projection_l2_sphere(tree: PyTree, scale: Real[ArrayLike, ""] = 1) -> PyTree
     return _scale_leaves(tree, jnp.asarray(scale) / _tree.norm(tree))
 
 
+@checked
 def projection_l2_ball(tree: PyTree, scale: Real[ArrayLike, ""] = 1) -> PyTree:
     r"""Projects onto the $\ell_2$ ball of radius $s$.
 
@@ -314,6 +324,7 @@ def _shift(function: str, x: Any, a: Any, coefficient: Array) -> Any:
     )
 
 
+@checked
 def projection_hyperplane(x: PyTree, a: PyTree, b: Real[ArrayLike, ""]) -> PyTree:
     r"""Projects onto the hyperplane $\{y : \langle a, y \rangle = b\}$.
 
@@ -334,6 +345,7 @@ def projection_hyperplane(x: PyTree, a: PyTree, b: Real[ArrayLike, ""]) -> PyTre
     return _shift("projection_hyperplane", x, a, coefficient)
 
 
+@checked
 def projection_halfspace(x: PyTree, a: PyTree, b: Real[ArrayLike, ""]) -> PyTree:
     r"""Projects onto the halfspace $\{y : \langle a, y \rangle \le b\}$.
 
@@ -354,6 +366,7 @@ def projection_halfspace(x: PyTree, a: PyTree, b: Real[ArrayLike, ""]) -> PyTree
     return _shift("projection_halfspace", x, a, coefficient)
 
 
+@checked
 def projection_vector(x: PyTree, a: PyTree) -> PyTree:
     r"""Projects onto the line spanned by a vector $a$.
 

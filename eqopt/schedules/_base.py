@@ -13,6 +13,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int, Real
 
 from .._hyper import Scalar, as_scalar, check_fields, is_concrete, weak_hyperparameters
+from .._typecheck import checked
 
 
 def as_static_int(value: int | Int[ArrayLike, ""]) -> int:
@@ -66,8 +67,8 @@ class AbstractSchedule(eqx.Module):
     shape of the schedule (`transition_steps`, `boundaries`...) are static.
 
     Subclasses implement `__call__`. A plain Python callable is turned into a
-    schedule by [`eqopt.schedules.FunctionSchedule`][] (or
-    [`eqopt.schedules.as_schedule`][]).
+    schedule by `eqopt.schedules.FunctionSchedule` (or
+    `eqopt.schedules.as_schedule`).
 
     !!! example
 
@@ -143,6 +144,7 @@ class AbstractSchedule(eqx.Module):
         return eqx.tree_pformat(jax.tree.map(_show_number, self))
 
 
+@checked
 class ConstantSchedule(AbstractSchedule):
     r"""A schedule that always returns the same value.
 
@@ -155,23 +157,26 @@ class ConstantSchedule(AbstractSchedule):
 
     value: Scalar = eqx.field(converter=as_scalar)
 
+    @checked
     def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         return broadcast_to_count(self.value, count)
 
 
+@checked
 def constant_schedule(value: Real[ArrayLike, ""]) -> ConstantSchedule:
     """A schedule holding `value` at every step (Optax's spelling).
 
-    Builds a [`eqopt.schedules.ConstantSchedule`][]. Unlike Optax's, it returns
+    Builds a `eqopt.schedules.ConstantSchedule`. Unlike Optax's, it returns
     the value as a floating-point array (Optax returns `value` itself).
 
     **Returns:**
 
-    A [`eqopt.schedules.ConstantSchedule`][].
+    A `eqopt.schedules.ConstantSchedule`.
     """
     return ConstantSchedule(value=value)
 
 
+@checked
 class FunctionSchedule(AbstractSchedule):
     """A schedule that calls a plain function of the step count.
 
@@ -205,6 +210,7 @@ class FunctionSchedule(AbstractSchedule):
                 f"`schedule_fn` must be callable, got {type(self.schedule_fn).__name__}."
             )
 
+    @checked
     def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         value = self.schedule_fn(count)
         if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
@@ -216,12 +222,13 @@ class FunctionSchedule(AbstractSchedule):
         return broadcast_to_count(value, count)
 
 
+@checked
 def as_schedule(value: Any) -> AbstractSchedule:
     """Turns a number or any callable into an eqopt schedule.
 
     A schedule is returned unchanged, another callable is wrapped in a
-    [`eqopt.schedules.FunctionSchedule`][], and a number in a
-    [`eqopt.schedules.ConstantSchedule`][]. Use it wherever a hyperparameter
+    `eqopt.schedules.FunctionSchedule`, and a number in a
+    `eqopt.schedules.ConstantSchedule`. Use it wherever a hyperparameter
     may be given as a number, a schedule or a plain function.
 
     **Arguments:**
@@ -230,7 +237,7 @@ def as_schedule(value: Any) -> AbstractSchedule:
 
     **Returns:**
 
-    An [`eqopt.schedules.AbstractSchedule`][].
+    An `eqopt.schedules.AbstractSchedule`.
     """
     if isinstance(value, AbstractSchedule):
         return value

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
 from .._hyper import Scalar, as_scalar
+from .._typecheck import checked
 from ._base import AbstractSchedule, as_static_int, broadcast_to_count
 
 
@@ -29,6 +30,7 @@ def _linear(init_value, end_value, transition_steps, transition_begin, count):
     )
 
 
+@checked
 class PolynomialSchedule(AbstractSchedule):
     r"""A polynomial transition from `init_value` to `end_value`.
 
@@ -58,6 +60,7 @@ class PolynomialSchedule(AbstractSchedule):
     transition_steps: int = eqx.field(static=True, converter=as_static_int)
     transition_begin: int = eqx.field(static=True, converter=as_static_int, default=0)
 
+    @checked
     def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         return jnp.asarray(
             _polynomial(
@@ -71,6 +74,7 @@ class PolynomialSchedule(AbstractSchedule):
         )
 
 
+@checked
 def polynomial_schedule(
     init_value: Real[ArrayLike, ""],
     end_value: Real[ArrayLike, ""],
@@ -80,12 +84,12 @@ def polynomial_schedule(
 ) -> PolynomialSchedule:
     """A polynomial transition from `init_value` to `end_value` (Optax's spelling).
 
-    Builds a [`eqopt.schedules.PolynomialSchedule`][]; the arguments, their names
+    Builds a `eqopt.schedules.PolynomialSchedule`; the arguments, their names
     and defaults are Optax's, and the class documents them.
 
     **Returns:**
 
-    A [`eqopt.schedules.PolynomialSchedule`][].
+    A `eqopt.schedules.PolynomialSchedule`.
     """
     return PolynomialSchedule(
         init_value=init_value,
@@ -96,6 +100,7 @@ def polynomial_schedule(
     )
 
 
+@checked
 class LinearSchedule(AbstractSchedule):
     r"""A linear transition from `init_value` to `end_value`.
 
@@ -106,7 +111,7 @@ class LinearSchedule(AbstractSchedule):
     \eta_t = (I - E)\left(1 - \frac{\operatorname{clip}(t - B,\ 0,\ T)}{T}\right) + E
     $$
 
-    the [`eqopt.schedules.PolynomialSchedule`][] of power one.
+    the `eqopt.schedules.PolynomialSchedule` of power one.
 
     **Arguments:**
 
@@ -123,6 +128,7 @@ class LinearSchedule(AbstractSchedule):
     transition_steps: int = eqx.field(static=True, converter=as_static_int)
     transition_begin: int = eqx.field(static=True, converter=as_static_int, default=0)
 
+    @checked
     def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         return _linear(
             self.init_value,
@@ -133,6 +139,7 @@ class LinearSchedule(AbstractSchedule):
         )
 
 
+@checked
 def linear_schedule(
     init_value: Real[ArrayLike, ""],
     end_value: Real[ArrayLike, ""],
@@ -141,12 +148,12 @@ def linear_schedule(
 ) -> LinearSchedule:
     """A linear transition from `init_value` to `end_value` (Optax's spelling).
 
-    Builds a [`eqopt.schedules.LinearSchedule`][]; the arguments, their names and
+    Builds a `eqopt.schedules.LinearSchedule`; the arguments, their names and
     defaults are Optax's, and the class documents them.
 
     **Returns:**
 
-    A [`eqopt.schedules.LinearSchedule`][].
+    A `eqopt.schedules.LinearSchedule`.
     """
     return LinearSchedule(
         init_value=init_value,
@@ -156,6 +163,7 @@ def linear_schedule(
     )
 
 
+@checked
 class WarmupConstantSchedule(AbstractSchedule):
     r"""A linear warmup from `init_value` to `peak_value`, then constant.
 
@@ -163,7 +171,7 @@ class WarmupConstantSchedule(AbstractSchedule):
 
     $$ \eta_t = I + (P - I)\,\frac{\operatorname{clip}(t,\ 0,\ W)}{W} $$
 
-    (computed as a [`eqopt.schedules.LinearSchedule`][] from $I$ to $P$ over $W$
+    (computed as a `eqopt.schedules.LinearSchedule` from $I$ to $P$ over $W$
     steps).
 
     **Arguments:**
@@ -183,10 +191,12 @@ class WarmupConstantSchedule(AbstractSchedule):
     peak_value: Scalar = eqx.field(converter=as_scalar)
     warmup_steps: int = eqx.field(static=True, converter=as_static_int)
 
+    @checked
     def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         return _linear(self.init_value, self.peak_value, self.warmup_steps, 0, count)
 
 
+@checked
 def warmup_constant_schedule(
     init_value: Real[ArrayLike, ""],
     peak_value: Real[ArrayLike, ""],
@@ -194,12 +204,12 @@ def warmup_constant_schedule(
 ) -> WarmupConstantSchedule:
     """A linear warmup to `peak_value`, then constant (Optax's spelling).
 
-    Builds a [`eqopt.schedules.WarmupConstantSchedule`][]; the arguments, their
+    Builds a `eqopt.schedules.WarmupConstantSchedule`; the arguments, their
     names and defaults are Optax's, and the class documents them.
 
     **Returns:**
 
-    A [`eqopt.schedules.WarmupConstantSchedule`][].
+    A `eqopt.schedules.WarmupConstantSchedule`.
     """
     return WarmupConstantSchedule(
         init_value=init_value, peak_value=peak_value, warmup_steps=warmup_steps

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
 from .._hyper import Scalar, as_scalar
+from .._typecheck import checked
 from ._base import AbstractSchedule, as_static_int
 from ._basic import _linear
 from ._join import JoinSchedules
@@ -30,6 +31,7 @@ def _check_positive_steps(name: str, value) -> None:
         raise ValueError(f"`{name}` must be positive, got {value}.")
 
 
+@checked
 class CosineDecaySchedule(AbstractSchedule):
     r"""Cosine decay of `init_value` over `decay_steps` steps.
 
@@ -63,6 +65,7 @@ class CosineDecaySchedule(AbstractSchedule):
     def __check_init__(self):
         _check_positive_steps("decay_steps", self.decay_steps)
 
+    @checked
     def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         return jnp.asarray(
             _cosine_decay(
@@ -71,6 +74,7 @@ class CosineDecaySchedule(AbstractSchedule):
         )
 
 
+@checked
 def cosine_decay_schedule(
     init_value: Real[ArrayLike, ""],
     decay_steps: int,
@@ -79,18 +83,19 @@ def cosine_decay_schedule(
 ) -> CosineDecaySchedule:
     """Cosine decay of `init_value` over `decay_steps` steps (Optax's spelling).
 
-    Builds a [`eqopt.schedules.CosineDecaySchedule`][]; the arguments, their names
+    Builds a `eqopt.schedules.CosineDecaySchedule`; the arguments, their names
     and defaults are Optax's, and the class documents them.
 
     **Returns:**
 
-    A [`eqopt.schedules.CosineDecaySchedule`][].
+    A `eqopt.schedules.CosineDecaySchedule`.
     """
     return CosineDecaySchedule(
         init_value=init_value, decay_steps=decay_steps, alpha=alpha, exponent=exponent
     )
 
 
+@checked
 class WarmupCosineDecaySchedule(AbstractSchedule):
     r"""A linear warmup from `init_value` to `peak_value`, then cosine decay to `end_value`.
 
@@ -105,8 +110,8 @@ class WarmupCosineDecaySchedule(AbstractSchedule):
     \end{cases}
     $$
 
-    computed, as in Optax, as a [`eqopt.schedules.LinearSchedule`][] joined at
-    step $W$ with a [`eqopt.schedules.CosineDecaySchedule`][] of initial value
+    computed, as in Optax, as a `eqopt.schedules.LinearSchedule` joined at
+    step $W$ with a `eqopt.schedules.CosineDecaySchedule` of initial value
     $P$ and $\alpha = E / P$ ($\alpha = 0$ when $P = 0$).
 
     **Arguments:**
@@ -142,6 +147,7 @@ class WarmupCosineDecaySchedule(AbstractSchedule):
                 f"warmup_steps={self.warmup_steps}."
             )
 
+    @checked
     def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         peak = self.peak_value
         is_zero_peak = peak == 0
@@ -159,6 +165,7 @@ class WarmupCosineDecaySchedule(AbstractSchedule):
         return jnp.where(jnp.asarray(count) < self.warmup_steps, warmup, decay)
 
 
+@checked
 def warmup_cosine_decay_schedule(
     init_value: Real[ArrayLike, ""],
     peak_value: Real[ArrayLike, ""],
@@ -169,12 +176,12 @@ def warmup_cosine_decay_schedule(
 ) -> WarmupCosineDecaySchedule:
     """A linear warmup, then cosine decay to `end_value` (Optax's spelling).
 
-    Builds a [`eqopt.schedules.WarmupCosineDecaySchedule`][]; the arguments, their
+    Builds a `eqopt.schedules.WarmupCosineDecaySchedule`; the arguments, their
     names and defaults are Optax's, and the class documents them.
 
     **Returns:**
 
-    A [`eqopt.schedules.WarmupCosineDecaySchedule`][].
+    A `eqopt.schedules.WarmupCosineDecaySchedule`.
     """
     return WarmupCosineDecaySchedule(
         init_value=init_value,
@@ -186,11 +193,12 @@ def warmup_cosine_decay_schedule(
     )
 
 
+@checked
 def sgdr_schedule(cosine_kwargs: Iterable[dict[str, Any]]) -> JoinSchedules:
     r"""Stochastic gradient descent with warm restarts: cosine cycles one after another.
 
     Each element of `cosine_kwargs` holds the arguments of one
-    [`eqopt.schedules.WarmupCosineDecaySchedule`][] cycle (`init_value`,
+    `eqopt.schedules.WarmupCosineDecaySchedule` cycle (`init_value`,
     `peak_value`, `warmup_steps`, `decay_steps`, and optionally `end_value`,
     `exponent`); cycle $k$ starts where cycle $k - 1$ ends, after its
     `decay_steps` steps, and restarts from its own warmup.
@@ -201,8 +209,8 @@ def sgdr_schedule(cosine_kwargs: Iterable[dict[str, Any]]) -> JoinSchedules:
 
     **Returns:**
 
-    A [`eqopt.schedules.JoinSchedules`][] of
-    [`eqopt.schedules.WarmupCosineDecaySchedule`][]s, with boundaries at the
+    A `eqopt.schedules.JoinSchedules` of
+    `eqopt.schedules.WarmupCosineDecaySchedule`s, with boundaries at the
     cumulative cycle lengths.
 
     **References:**

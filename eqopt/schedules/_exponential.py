@@ -5,6 +5,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
 from .._hyper import Scalar, as_optional_scalar, as_scalar
+from .._typecheck import checked
 from ._base import AbstractSchedule, as_static_int, broadcast_to_count
 from ._basic import _linear
 
@@ -40,6 +41,7 @@ def _exponential_decay(
     return jnp.where(is_zero_rate, init_value, decayed)
 
 
+@checked
 class ExponentialDecaySchedule(AbstractSchedule):
     r"""Exponential decay of `init_value` by `decay_rate` every `transition_steps`.
 
@@ -81,6 +83,7 @@ class ExponentialDecaySchedule(AbstractSchedule):
     staircase: bool = eqx.field(static=True, default=False)
     end_value: Scalar | None = eqx.field(default=None, converter=as_optional_scalar)
 
+    @checked
     def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         return _exponential_decay(
             self.init_value,
@@ -93,6 +96,7 @@ class ExponentialDecaySchedule(AbstractSchedule):
         )
 
 
+@checked
 def exponential_decay(
     init_value: Real[ArrayLike, ""],
     transition_steps: int,
@@ -103,12 +107,12 @@ def exponential_decay(
 ) -> ExponentialDecaySchedule:
     """Exponential decay of `init_value` by `decay_rate` (Optax's spelling).
 
-    Builds a [`eqopt.schedules.ExponentialDecaySchedule`][]; the arguments, their
+    Builds a `eqopt.schedules.ExponentialDecaySchedule`; the arguments, their
     names and defaults are Optax's, and the class documents them.
 
     **Returns:**
 
-    A [`eqopt.schedules.ExponentialDecaySchedule`][].
+    A `eqopt.schedules.ExponentialDecaySchedule`.
     """
     return ExponentialDecaySchedule(
         init_value=init_value,
@@ -120,13 +124,14 @@ def exponential_decay(
     )
 
 
+@checked
 class WarmupExponentialDecaySchedule(AbstractSchedule):
     r"""A linear warmup from `init_value` to `peak_value`, then exponential decay.
 
     With $W$ = `warmup_steps`, the first $W$ steps are a
-    [`eqopt.schedules.LinearSchedule`][] from `init_value` $I$ to `peak_value`
+    `eqopt.schedules.LinearSchedule` from `init_value` $I$ to `peak_value`
     $P$; from step $W$ on, the value is an
-    [`eqopt.schedules.ExponentialDecaySchedule`][] starting at $P$, evaluated on
+    `eqopt.schedules.ExponentialDecaySchedule` starting at $P$, evaluated on
     the steps since the end of the warmup:
 
     $$
@@ -142,7 +147,7 @@ class WarmupExponentialDecaySchedule(AbstractSchedule):
     - `peak_value`: the value $P$ at the end of the warmup.
     - `warmup_steps`: the length $W$ of the warmup (static).
     - `transition_steps`, `decay_rate`, `transition_begin`, `staircase`,
-        `end_value`: as for [`eqopt.schedules.ExponentialDecaySchedule`][], with
+        `end_value`: as for `eqopt.schedules.ExponentialDecaySchedule`, with
         `transition_begin` counted from the end of the warmup.
 
     **References:**
@@ -160,6 +165,7 @@ class WarmupExponentialDecaySchedule(AbstractSchedule):
     staircase: bool = eqx.field(static=True, default=False)
     end_value: Scalar | None = eqx.field(default=None, converter=as_optional_scalar)
 
+    @checked
     def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         warmup = _linear(self.init_value, self.peak_value, self.warmup_steps, 0, count)
         decay = _exponential_decay(
@@ -174,6 +180,7 @@ class WarmupExponentialDecaySchedule(AbstractSchedule):
         return jnp.where(jnp.asarray(count) < self.warmup_steps, warmup, decay)
 
 
+@checked
 def warmup_exponential_decay_schedule(
     init_value: Real[ArrayLike, ""],
     peak_value: Real[ArrayLike, ""],
@@ -186,12 +193,12 @@ def warmup_exponential_decay_schedule(
 ) -> WarmupExponentialDecaySchedule:
     """A linear warmup, then exponential decay (Optax's spelling).
 
-    Builds a [`eqopt.schedules.WarmupExponentialDecaySchedule`][]; the arguments,
+    Builds a `eqopt.schedules.WarmupExponentialDecaySchedule`; the arguments,
     their names and defaults are Optax's, and the class documents them.
 
     **Returns:**
 
-    A [`eqopt.schedules.WarmupExponentialDecaySchedule`][].
+    A `eqopt.schedules.WarmupExponentialDecaySchedule`.
     """
     return WarmupExponentialDecaySchedule(
         init_value=init_value,

@@ -7,6 +7,7 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
+from .._typecheck import checked
 from ._base import AbstractSchedule, _as_static_ints, as_schedule
 
 
@@ -14,6 +15,7 @@ def _as_schedules(schedules) -> tuple[AbstractSchedule, ...]:
     return tuple(as_schedule(schedule) for schedule in schedules)
 
 
+@checked
 class JoinSchedules(AbstractSchedule):
     r"""Runs several schedules one after another.
 
@@ -30,7 +32,7 @@ class JoinSchedules(AbstractSchedule):
     **Arguments:**
 
     - `schedules`: a sequence of $n \ge 1$ schedules. Plain callables and numbers
-        are accepted and wrapped with [`eqopt.schedules.as_schedule`][].
+        are accepted and wrapped with `eqopt.schedules.as_schedule`.
     - `boundaries`: a sequence of $n - 1$ integer steps (static) at which to
         switch to the next schedule.
     """
@@ -47,6 +49,7 @@ class JoinSchedules(AbstractSchedule):
                 f"{len(self.boundaries)} boundaries for {len(self.schedules)} schedules."
             )
 
+    @checked
     def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         value = self.schedules[0](count)
         for boundary, schedule in zip(self.boundaries, self.schedules[1:], strict=True):
@@ -56,12 +59,13 @@ class JoinSchedules(AbstractSchedule):
         return value
 
 
+@checked
 def join_schedules(
     schedules: Sequence[Callable[..., Any]], boundaries: Sequence[int]
 ) -> JoinSchedules:
     """Runs `schedules` one after another (Optax's spelling).
 
-    Builds a [`eqopt.schedules.JoinSchedules`][]. Each schedule receives the
+    Builds a `eqopt.schedules.JoinSchedules`. Each schedule receives the
     number of steps since the boundary at which it starts. Unlike Optax, a
     number of `boundaries` other than `len(schedules) - 1` is an error rather
     than silently truncated.
@@ -73,6 +77,6 @@ def join_schedules(
 
     **Returns:**
 
-    A [`eqopt.schedules.JoinSchedules`][].
+    A `eqopt.schedules.JoinSchedules`.
     """
     return JoinSchedules(schedules=schedules, boundaries=boundaries)

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Real
 
 from .._hyper import Scalar, as_scalar, check_hyperparameter
+from .._typecheck import checked
 from ._base import (
     AbstractSchedule,
     _as_static_ints,
@@ -46,6 +47,7 @@ def _check_boundaries_and_scales(schedule) -> None:
         check_hyperparameter(f"scales[{index}]", scale, low=0)
 
 
+@checked
 class PiecewiseConstantSchedule(AbstractSchedule):
     r"""A constant value, multiplied by a scale factor at each boundary.
 
@@ -60,7 +62,7 @@ class PiecewiseConstantSchedule(AbstractSchedule):
     - `scales`: the non-negative factors $s_i$, one per boundary, each applied
         from step $b_i$ on (dynamic leaves).
 
-    [`eqopt.schedules.piecewise_constant_schedule`][] builds this from Optax's
+    `eqopt.schedules.piecewise_constant_schedule` builds this from Optax's
     `{step: scale}` dictionary.
     """
 
@@ -73,6 +75,7 @@ class PiecewiseConstantSchedule(AbstractSchedule):
     def __check_init__(self):
         _check_boundaries_and_scales(self)
 
+    @checked
     def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         value = self.init_value
         for boundary, scale in zip(self.boundaries, self.scales, strict=True):
@@ -82,13 +85,14 @@ class PiecewiseConstantSchedule(AbstractSchedule):
         return broadcast_to_count(value, count)
 
 
+@checked
 def piecewise_constant_schedule(
     init_value: Real[ArrayLike, ""],
     boundaries_and_scales: dict[int, Real[ArrayLike, ""]] | None = None,
 ) -> PiecewiseConstantSchedule:
     """A constant value scaled at given steps (Optax's spelling).
 
-    Builds a [`eqopt.schedules.PiecewiseConstantSchedule`][] from Optax's arguments.
+    Builds a `eqopt.schedules.PiecewiseConstantSchedule` from Optax's arguments.
 
     **Arguments:**
 
@@ -99,7 +103,7 @@ def piecewise_constant_schedule(
 
     **Returns:**
 
-    A [`eqopt.schedules.PiecewiseConstantSchedule`][].
+    A `eqopt.schedules.PiecewiseConstantSchedule`.
     """
     boundaries, scales = _split(boundaries_and_scales)
     return PiecewiseConstantSchedule(
@@ -142,6 +146,7 @@ def _piecewise_interpolate(interpolate_type, init_value, boundaries, scales, cou
     return broadcast_to_count(result, count)
 
 
+@checked
 class PiecewiseInterpolateSchedule(AbstractSchedule):
     r"""Interpolates, linearly or along a cosine, between values scaled at boundaries.
 
@@ -167,7 +172,7 @@ class PiecewiseInterpolateSchedule(AbstractSchedule):
     - `boundaries`: strictly increasing integer steps $b_i$ (static).
     - `scales`: the non-negative factors $s_i$, one per boundary (dynamic leaves).
 
-    [`eqopt.schedules.piecewise_interpolate_schedule`][] builds this from Optax's
+    `eqopt.schedules.piecewise_interpolate_schedule` builds this from Optax's
     `{step: scale}` dictionary.
     """
 
@@ -186,12 +191,14 @@ class PiecewiseInterpolateSchedule(AbstractSchedule):
             )
         _check_boundaries_and_scales(self)
 
+    @checked
     def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         return _piecewise_interpolate(
             self.interpolate_type, self.init_value, self.boundaries, self.scales, count
         )
 
 
+@checked
 def piecewise_interpolate_schedule(
     interpolate_type: Literal["linear", "cosine"],
     init_value: Real[ArrayLike, ""],
@@ -199,7 +206,7 @@ def piecewise_interpolate_schedule(
 ) -> PiecewiseInterpolateSchedule:
     """Interpolation between values scaled at given steps (Optax's spelling).
 
-    Builds a [`eqopt.schedules.PiecewiseInterpolateSchedule`][] from Optax's
+    Builds a `eqopt.schedules.PiecewiseInterpolateSchedule` from Optax's
     arguments.
 
     **Arguments:**
@@ -211,7 +218,7 @@ def piecewise_interpolate_schedule(
 
     **Returns:**
 
-    A [`eqopt.schedules.PiecewiseInterpolateSchedule`][].
+    A `eqopt.schedules.PiecewiseInterpolateSchedule`.
     """
     if interpolate_type not in ("linear", "cosine"):
         raise ValueError(
@@ -239,13 +246,14 @@ def _check_onecycle(schedule, *names: str) -> None:
         check_hyperparameter(name, getattr(schedule, name), low=0, low_inclusive=False)
 
 
+@checked
 class CosineOnecycleSchedule(AbstractSchedule):
     r"""The one-cycle policy: a cosine rise to `peak_value`, then a cosine fall.
 
     With $P$ = `peak_value`, $T$ = `transition_steps`, $d$ = `div_factor` and
     $D$ = `final_div_factor`, the value starts at $P / d$, rises to $P$ at step
     $\lfloor p_\text{start} T \rfloor$ and falls to $P / (d D)$ at step $T$, each
-    half along a cosine (a [`eqopt.schedules.PiecewiseInterpolateSchedule`][] of
+    half along a cosine (a `eqopt.schedules.PiecewiseInterpolateSchedule` of
     type `"cosine"` through these three points):
 
     $$
@@ -279,6 +287,7 @@ class CosineOnecycleSchedule(AbstractSchedule):
     def __check_init__(self):
         _check_onecycle(self, "div_factor", "final_div_factor")
 
+    @checked
     def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         # A dictionary, so that coinciding boundaries collapse as in Optax.
         boundaries_and_scales = {
@@ -291,6 +300,7 @@ class CosineOnecycleSchedule(AbstractSchedule):
         )
 
 
+@checked
 def cosine_onecycle_schedule(
     transition_steps: int,
     peak_value: Real[ArrayLike, ""],
@@ -300,12 +310,12 @@ def cosine_onecycle_schedule(
 ) -> CosineOnecycleSchedule:
     """The one-cycle policy with cosine phases (Optax's spelling).
 
-    Builds a [`eqopt.schedules.CosineOnecycleSchedule`][]; the arguments, their
+    Builds a `eqopt.schedules.CosineOnecycleSchedule`; the arguments, their
     names and defaults are Optax's, and the class documents them.
 
     **Returns:**
 
-    A [`eqopt.schedules.CosineOnecycleSchedule`][].
+    A `eqopt.schedules.CosineOnecycleSchedule`.
     """
     return CosineOnecycleSchedule(
         transition_steps=transition_steps,
@@ -316,11 +326,12 @@ def cosine_onecycle_schedule(
     )
 
 
+@checked
 class LinearOnecycleSchedule(AbstractSchedule):
     r"""The one-cycle policy with three linear phases.
 
     With $P$ = `peak_value`, $T$ = `transition_steps`, $d$ = `div_factor` and
-    $D$ = `final_div_factor`, a [`eqopt.schedules.PiecewiseInterpolateSchedule`][]
+    $D$ = `final_div_factor`, a `eqopt.schedules.PiecewiseInterpolateSchedule`
     of type `"linear"` through the points
 
     $$
@@ -359,6 +370,7 @@ class LinearOnecycleSchedule(AbstractSchedule):
     def __check_init__(self):
         _check_onecycle(self, "div_factor", "final_div_factor")
 
+    @checked
     def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         boundaries_and_scales = {
             int(self.pct_start * self.transition_steps): self.div_factor,
@@ -371,6 +383,7 @@ class LinearOnecycleSchedule(AbstractSchedule):
         )
 
 
+@checked
 def linear_onecycle_schedule(
     transition_steps: int,
     peak_value: Real[ArrayLike, ""],
@@ -381,12 +394,12 @@ def linear_onecycle_schedule(
 ) -> LinearOnecycleSchedule:
     """The one-cycle policy with linear phases (Optax's spelling).
 
-    Builds a [`eqopt.schedules.LinearOnecycleSchedule`][]; the arguments, their
+    Builds a `eqopt.schedules.LinearOnecycleSchedule`; the arguments, their
     names and defaults are Optax's, and the class documents them.
 
     **Returns:**
 
-    A [`eqopt.schedules.LinearOnecycleSchedule`][].
+    A `eqopt.schedules.LinearOnecycleSchedule`.
     """
     return LinearOnecycleSchedule(
         transition_steps=transition_steps,

@@ -1,6 +1,6 @@
 """Stateful schedules: a value computed from a state that the schedule advances each step.
 
-Used by [`eqopt.inject_stateful_hyperparams`][] (and [`eqopt.inject_hyperparams`][],
+Used by `eqopt.inject_stateful_hyperparams` (and `eqopt.inject_hyperparams`,
 which switches to it when given one).
 """
 
@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Int, PyTree
 
 from .._numerics import safe_int32_increment
+from .._typecheck import checked
 
 
 class AbstractStatefulSchedule(eqx.Module):
@@ -22,7 +23,7 @@ class AbstractStatefulSchedule(eqx.Module):
     its own state instead, and may use the extra arguments given to `update`
     (for example `loss=...`) to advance it: a learning rate that halves when
     the loss stops improving is one. It is used through
-    [`eqopt.inject_stateful_hyperparams`][] (or [`eqopt.inject_hyperparams`][],
+    `eqopt.inject_stateful_hyperparams` (or `eqopt.inject_hyperparams`,
     which switches to it when given one).
 
     Any object with the three methods below is accepted as a stateful
@@ -101,18 +102,20 @@ def is_stateful_schedule(value: Any) -> bool:
     )
 
 
+@checked
 class ScheduleCountState(eqx.Module):
-    """The state of a [`eqopt.WrappedSchedule`][]: the step count of a plain schedule."""
+    """The state of a `eqopt.WrappedSchedule`: the step count of a plain schedule."""
 
     count: Int[Array, ""]
 
 
+@checked
 class WrappedSchedule(AbstractStatefulSchedule):
     """Turns a plain schedule into a stateful one whose state is its step count.
 
     This is Optax's `WrappedSchedule`: `init()` starts the count at zero,
     `update(state)` adds one, and `__call__(state)` evaluates the schedule at
-    the count. [`eqopt.inject_stateful_hyperparams`][] wraps plain schedules
+    the count. `eqopt.inject_stateful_hyperparams` wraps plain schedules
     this way itself; use it directly to mix plain and stateful schedules by hand.
 
     **Arguments:**

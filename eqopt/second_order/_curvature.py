@@ -11,6 +11,7 @@ from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Float, Inexact, PyTree
 
 from .._deprecation import deprecated
+from .._typecheck import checked
 
 #: A loss `loss(params, inputs, targets)` returning a real scalar.
 LossFn: TypeAlias = Callable[[Any, Any, Any], Float[Array, ""]]
@@ -66,6 +67,7 @@ def _tangent(v: Any, dynamic: Any) -> Any:
 
 
 @deprecated("`jax.jvp` of `jax.grad` (forward over reverse)")
+@checked
 def hvp(
     loss: LossFn,
     v: Inexact[Array, " d"] | PyTree[Any],
@@ -108,6 +110,7 @@ def hvp(
 
 
 @deprecated("the diagonal of `jax.hessian`")
+@checked
 def hessian_diag(
     loss: LossFn,
     params: PyTree[Any],
@@ -121,7 +124,7 @@ def hessian_diag(
     $$ \operatorname{diag}(H)_i = e_i^\top H e_i $$
 
     Each entry comes from one Hessian-vector product with a basis vector $e_i$
-    (see [`eqopt.second_order.hvp`][]). The products are evaluated
+    (see `eqopt.second_order.hvp`). The products are evaluated
     `batch_size` at a time with `jax.lax.map`, so memory grows as
     `batch_size` times the number of parameters $d$: the $d \times d$ Hessian is
     never formed. The cost is $d$ Hessian-vector products, so this is meant for
@@ -170,6 +173,7 @@ def _hessian_diag(loss, dynamic, static, inputs, targets, batch_size):
 
 
 @deprecated("the mean of squared per-example gradients from `jax.vmap(jax.grad(loss))`")
+@checked
 def fisher_diag(
     negative_log_likelihood: LossFn,
     params: PyTree[Any],

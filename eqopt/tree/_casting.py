@@ -9,6 +9,7 @@ import numpy as np
 from jax.typing import DTypeLike
 from jaxtyping import PyTree
 
+from .._typecheck import checked
 from ._paths import flatten, map_single, path_str, zip_trees
 
 
@@ -25,6 +26,7 @@ def _order(first: Any, second: Any, highest: bool) -> Any:
     )
 
 
+@checked
 def dtype(
     tree: PyTree,
     mixed_dtype_handler: Literal["promote", "highest", "lowest"] | None = None,
@@ -65,6 +67,7 @@ def dtype(
     return jnp.dtype(result)
 
 
+@checked
 def cast(tree: PyTree, dtype: DTypeLike | None) -> PyTree:
     """Casts every array leaf to a dtype.
 
@@ -80,6 +83,7 @@ def cast(tree: PyTree, dtype: DTypeLike | None) -> PyTree:
     return map_single(lambda x: x.astype(dtype), tree)
 
 
+@checked
 def cast_like(tree: PyTree, other_tree: PyTree) -> PyTree:
     """Casts every array leaf to the dtype of the matching leaf of another pytree.
 

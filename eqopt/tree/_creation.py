@@ -9,9 +9,11 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import ArrayLike, PRNGKeyArray, PyTree, Shaped
 
+from .._typecheck import checked
 from ._paths import map_single
 
 
+@checked
 def zeros_like(tree: PyTree, dtype: DTypeLike | None = None) -> PyTree:
     """A pytree shaped like `tree` with every array leaf filled with zeros.
 
@@ -25,6 +27,7 @@ def zeros_like(tree: PyTree, dtype: DTypeLike | None = None) -> PyTree:
     return map_single(lambda x: jnp.zeros_like(x, dtype=dtype), tree)
 
 
+@checked
 def ones_like(tree: PyTree, dtype: DTypeLike | None = None) -> PyTree:
     """A pytree shaped like `tree` with every array leaf filled with ones.
 
@@ -38,6 +41,7 @@ def ones_like(tree: PyTree, dtype: DTypeLike | None = None) -> PyTree:
     return map_single(lambda x: jnp.ones_like(x, dtype=dtype), tree)
 
 
+@checked
 def full_like(
     tree: PyTree, fill_value: Shaped[ArrayLike, "..."], dtype: DTypeLike | None = None
 ) -> PyTree:
@@ -54,6 +58,7 @@ def full_like(
     return map_single(lambda x: jnp.full_like(x, fill_value, dtype=dtype), tree)
 
 
+@checked
 def split_key_like(rng_key: PRNGKeyArray, target_tree: PyTree) -> PyTree:
     """Splits a random key into one key per array leaf of a pytree.
 
@@ -77,6 +82,7 @@ def split_key_like(rng_key: PRNGKeyArray, target_tree: PyTree) -> PyTree:
     )
 
 
+@checked
 def random_like(
     rng_key: PRNGKeyArray,
     target_tree: PyTree,
@@ -86,7 +92,7 @@ def random_like(
     """A pytree shaped like `target_tree` with random array leaves.
 
     Leaf $\\ell$ is `sampler(key_ℓ, leaf.shape, dtype)` with `key_ℓ` from
-    [`eqopt.tree.split_key_like`][], so the numbers match Optax's.
+    `eqopt.tree.split_key_like`, so the numbers match Optax's.
 
     **Arguments:**
 
@@ -113,6 +119,7 @@ def _is_key_array(x: Any) -> bool:
     return eqx.is_array(x) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
+@checked
 def unwrap_random_key_data(input_tree: PyTree) -> PyTree:
     """Replaces every new-style random key leaf by its raw `uint32` data.
 

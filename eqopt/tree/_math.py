@@ -11,6 +11,7 @@ from jaxtyping import Array, ArrayLike, Bool, PyTree, Real, Shaped
 
 from .._numerics import abs_squared
 from .._sharding import inner
+from .._typecheck import checked
 from ._paths import (
     array_leaves,
     check_broadcast,
@@ -26,6 +27,7 @@ from ._paths import (
 # ---------------------------------------------------------------------------
 
 
+@checked
 def add(tree_x: PyTree, tree_y: PyTree, *other_trees: PyTree) -> PyTree:
     r"""Adds two or more pytrees leafwise.
 
@@ -52,6 +54,7 @@ def add(tree_x: PyTree, tree_y: PyTree, *other_trees: PyTree) -> PyTree:
     )
 
 
+@checked
 def sub(tree_x: PyTree, tree_y: PyTree) -> PyTree:
     r"""Subtracts one pytree from another leafwise.
 
@@ -62,12 +65,13 @@ def sub(tree_x: PyTree, tree_y: PyTree) -> PyTree:
     - `tree_x`: the pytree to subtract from.
     - `tree_y`: the pytree to subtract, of the same structure.
 
-    **Returns:** a pytree shaped like `tree_x` (see [`eqopt.tree.add`][] for
+    **Returns:** a pytree shaped like `tree_x` (see `eqopt.tree.add` for
     non-array and `None` leaves).
     """
     return map_arrays("sub", operator.sub, [("tree_x", tree_x), ("tree_y", tree_y)])
 
 
+@checked
 def mul(tree_x: PyTree, tree_y: PyTree) -> PyTree:
     r"""Multiplies two pytrees leafwise (the Hadamard product).
 
@@ -77,12 +81,13 @@ def mul(tree_x: PyTree, tree_y: PyTree) -> PyTree:
 
     - `tree_x`, `tree_y`: pytrees of the same structure.
 
-    **Returns:** a pytree shaped like `tree_x` (see [`eqopt.tree.add`][] for
+    **Returns:** a pytree shaped like `tree_x` (see `eqopt.tree.add` for
     non-array and `None` leaves).
     """
     return map_arrays("mul", operator.mul, [("tree_x", tree_x), ("tree_y", tree_y)])
 
 
+@checked
 def div(tree_x: PyTree, tree_y: PyTree) -> PyTree:
     r"""Divides one pytree by another leafwise.
 
@@ -93,12 +98,13 @@ def div(tree_x: PyTree, tree_y: PyTree) -> PyTree:
     - `tree_x`: the numerator.
     - `tree_y`: the denominator, of the same structure.
 
-    **Returns:** a pytree shaped like `tree_x` (see [`eqopt.tree.add`][] for
+    **Returns:** a pytree shaped like `tree_x` (see `eqopt.tree.add` for
     non-array and `None` leaves).
     """
     return map_arrays("div", operator.truediv, [("tree_x", tree_x), ("tree_y", tree_y)])
 
 
+@checked
 def scale(scalar: Shaped[ArrayLike, ""], tree: PyTree) -> PyTree:
     r"""Multiplies every array leaf of a pytree by a scalar.
 
@@ -115,6 +121,7 @@ def scale(scalar: Shaped[ArrayLike, ""], tree: PyTree) -> PyTree:
     return map_single(lambda x: scalar * x, tree)
 
 
+@checked
 def add_scale(tree_x: PyTree, scalar: Shaped[ArrayLike, ""], tree_y: PyTree) -> PyTree:
     r"""Adds a scaled pytree to another (an "axpy").
 
@@ -126,7 +133,7 @@ def add_scale(tree_x: PyTree, scalar: Shaped[ArrayLike, ""], tree_y: PyTree) -> 
     - `scalar`: the factor $\alpha$.
     - `tree_y`: the pytree $y$, of the same structure.
 
-    **Returns:** a pytree shaped like `tree_x` (see [`eqopt.tree.add`][] for
+    **Returns:** a pytree shaped like `tree_x` (see `eqopt.tree.add` for
     non-array and `None` leaves: where `tree_y` is `None`, `tree_x` is kept, so
     `add_scale(model, -lr, grads)` works on the output of `eqx.filter_grad`).
     """
@@ -137,6 +144,7 @@ def add_scale(tree_x: PyTree, scalar: Shaped[ArrayLike, ""], tree_y: PyTree) -> 
     )
 
 
+@checked
 def conj(tree: PyTree) -> PyTree:
     r"""Takes the complex conjugate of every array leaf.
 
@@ -151,6 +159,7 @@ def conj(tree: PyTree) -> PyTree:
     return map_single(jnp.conj, tree)
 
 
+@checked
 def real(tree: PyTree) -> PyTree:
     r"""Takes the real part of every array leaf.
 
@@ -165,6 +174,7 @@ def real(tree: PyTree) -> PyTree:
     return map_single(jnp.real, tree)
 
 
+@checked
 def clip(
     tree: PyTree,
     min_value: Real[ArrayLike, "..."] | None = None,
@@ -185,6 +195,7 @@ def clip(
     return map_single(lambda x: jnp.clip(x, min_value, max_value), tree)
 
 
+@checked
 def where(condition: Bool[ArrayLike, "..."], tree_x: PyTree, tree_y: PyTree) -> PyTree:
     r"""Selects, leafwise, from `tree_x` where `condition` holds and from `tree_y` elsewhere.
 
@@ -196,7 +207,7 @@ def where(condition: Bool[ArrayLike, "..."], tree_x: PyTree, tree_y: PyTree) -> 
     - `tree_x`: the pytree chosen where `condition` is true.
     - `tree_y`: the pytree chosen elsewhere, of the same structure.
 
-    **Returns:** a pytree shaped like `tree_x` (see [`eqopt.tree.add`][] for
+    **Returns:** a pytree shaped like `tree_x` (see `eqopt.tree.add` for
     non-array and `None` leaves).
     """
     return map_arrays(
@@ -206,6 +217,7 @@ def where(condition: Bool[ArrayLike, "..."], tree_x: PyTree, tree_y: PyTree) -> 
     )
 
 
+@checked
 def batch_shape(tree: PyTree, shape: tuple[int, ...] = ()) -> PyTree:
     """Adds leading batch dimensions to every array leaf by broadcasting.
 
@@ -234,6 +246,7 @@ def _pairwise(values: list[Any]) -> Any:
     return values[0]
 
 
+@checked
 def sum(tree: PyTree, associative_reduction: bool = False) -> Shaped[Array, ""]:
     r"""The sum of all the elements of all the array leaves.
 
@@ -257,6 +270,7 @@ def sum(tree: PyTree, associative_reduction: bool = False) -> Shaped[Array, ""]:
     return functools.reduce(operator.add, sums, zero)
 
 
+@checked
 def max(tree: PyTree) -> Shaped[Array, ""]:
     r"""The largest element over all the array leaves.
 
@@ -272,6 +286,7 @@ def max(tree: PyTree) -> Shaped[Array, ""]:
     return functools.reduce(jnp.maximum, maxima, jnp.asarray(-jnp.inf))
 
 
+@checked
 def min(tree: PyTree) -> Shaped[Array, ""]:
     r"""The smallest element over all the array leaves.
 
@@ -287,6 +302,7 @@ def min(tree: PyTree) -> Shaped[Array, ""]:
     return functools.reduce(jnp.minimum, minima, jnp.asarray(jnp.inf))
 
 
+@checked
 def vdot(tree_x: PyTree, tree_y: PyTree) -> Shaped[Array, ""]:
     r"""The inner product of two pytrees, conjugating the first.
 
@@ -321,6 +337,7 @@ def vdot(tree_x: PyTree, tree_y: PyTree) -> Shaped[Array, ""]:
     return functools.reduce(operator.add, products, jnp.asarray(0))
 
 
+@checked
 def norm(
     tree: PyTree, ord: int | float | str | None = None, squared: bool = False
 ) -> Real[Array, ""]:
@@ -366,6 +383,7 @@ def norm(
     return jnp.square(result) if squared else result
 
 
+@checked
 def size(tree: PyTree) -> int:
     """The total number of elements of the array leaves.
 
@@ -378,6 +396,7 @@ def size(tree: PyTree) -> int:
     return builtins.sum(int(jnp.size(x)) for x in array_leaves(tree))
 
 
+@checked
 def allclose(
     a: PyTree,
     b: PyTree,

@@ -9,6 +9,7 @@ import jax
 from jaxtyping import PyTree
 
 from .._quantize import dequantize_all
+from .._typecheck import checked
 from ._paths import KeyPath, children, is_none, path_str
 
 Filtering = Callable[[KeyPath, Any], bool]
@@ -58,6 +59,7 @@ def _safe_equal(a: Any, b: Any) -> bool:
         return False
 
 
+@checked
 def get_all_with_path(
     tree: PyTree, key: Any, filtering: Filtering | None = None
 ) -> list[tuple[KeyPath, Any]]:
@@ -98,12 +100,13 @@ def get_all_with_path(
     ]
 
 
+@checked
 def get(
     tree: PyTree, key: Any, default: Any = None, filtering: Filtering | None = None
 ) -> Any:
     """Reads the one value of a pytree stored under a given field name or key.
 
-    Matching is as for [`eqopt.tree.get_all_with_path`][].
+    Matching is as for `eqopt.tree.get_all_with_path`.
 
     **Arguments:**
 
@@ -114,7 +117,7 @@ def get(
       among several matches.
 
     **Returns:** the matching value; a quantised moment
-    ([`eqopt.QuantizedArray`][]) in it comes back dequantised, as an array.
+    (`eqopt.QuantizedArray`) in it comes back dequantised, as an array.
 
     **Raises:** `KeyError` naming the paths found if several values match.
 
@@ -158,10 +161,11 @@ def _replace(node: Any, path: KeyPath, replacements: dict[KeyPath, Any]) -> Any:
     )
 
 
+@checked
 def set(tree: PyTree, filtering: Filtering | None = None, /, **kwargs: Any) -> PyTree:
     """A copy of a pytree with the values under some field names or keys replaced.
 
-    Matching is as for [`eqopt.tree.get_all_with_path`][]; every match is
+    Matching is as for `eqopt.tree.get_all_with_path`; every match is
     replaced, and where matches are nested the outermost one is. The tree is
     rebuilt node by node, so frozen `eqx.Module` states work.
 
@@ -231,6 +235,7 @@ def _is_placeholder(x: Any) -> bool:
     return isinstance(x, _ParamsPlaceholder)
 
 
+@checked
 def map_params(
     initable: _Initable | Callable[[PyTree], PyTree],
     f: Callable[..., Any],

@@ -1,0 +1,264 @@
+"""The entry of every transform's `init` and `update`: what runs before its own code.
+
+A transform's `init` and `update` are decorated where they are defined:
+
+```python
+class ScaleByAdam(AbstractGradientTransformation):
+    @init_entry
+    def init(self, params): ...
+
+    @update_entry
+    def update(self, updates, state, params=None, **extra_args): ...
+```
+
+and the decorator is all that runs between the caller and the method's body.
+In order, for `update` (`init` is the same without steps 3 and 4):
+
+1. **Hyperparameters weakly typed** (`eqopt._hyper.weak_hyperparameters`): a
+   NumPy or strongly-typed scalar hyperparameter never promotes a `bfloat16`
+   computation. Already-weak leaves are kept, so nested transforms pay a
+   flatten and nothing more.
+2. **The type check** of the method's annotations (`eqopt._typecheck`):
+   jaxtyping and beartype, built on the first call, one short error.
+3. **`float0` gradients dropped**: `jax.grad(..., allow_int=True)` gives them
+   for integer leaves; they mean "no gradient", as `None` does.
+4. **The structure check** (`eqopt._checks.check_structure`), when the
+   transform's `params` are shaped like its updates: one error naming the first
+   place where the trees differ or the first leaf of another shape, before any
+   per-leaf code runs.
+5. **Packed params meet the one adapter** (`_call_unpacked`): a transform that
+   neither runs on packed buffers nor handles them itself
+   (`AbstractGradientTransformation.runs_on_buffers`, `.handles_packed`) is
+   given the unpacked model and its updates are packed again. (Its `init` is
+   given the unpacked model too, and marks the quantised moments it makes as
+   moments of cut leaves: `eqopt._quantize.without_lookup`.) Everything else
+   about storage (bucketed state, quantised moments, ZeRO splits, master
+   weights) is held by the state and the wrappers: the entry does not know them.
+
+An input error (an `eqopt.ArgumentTypeError`, or the `ValueError` of a
+path check) is raised again from the outermost entry's frame, so a user's
+traceback shows their call and one message, not every transform it went
+through. Set `EQOPT_FULL_TRACEBACKS=1` to keep every frame.
+
+The `init` entry also gives the `eqopt.PerformanceHint` (once per process),
+from the outermost `init` only: an `init` called by another `init` (a chain's
+parts) is known by the caller's frame.
+"""
+
+import functools
+import os
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar, no_type_check
+
+import jax
+import jaxtyping
+
+from ._checks import check_structure
+from ._fused._pack import (
+    _layout_of,
+    contains_packed,
+    repack_like,
+    unpack_all,
+    worth_bucketing,
+)
+from ._hyper import weak_hyperparameters
+from ._leaves import InputError, drop_float0, is_none, outside_eqopt
+from ._quantize import is_quantized, without_lookup
+from ._typecheck import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    call_error,
+    called_from_eqopt,
+    typechecker,
+)
+
+_Method = TypeVar("_Method", bound=Callable)
+
+#: The errors re-raised from the outermost entry's frame.
+_INPUT_ERRORS = (ArgumentTypeError, ArgumentValueError, InputError)
+_FULL_TRACEBACKS = os.environ.get("EQOPT_FULL_TRACEBACKS", "") not in ("", "0")
+
+
+@no_type_check
+def _checker(method: Callable) -> Callable:
+    # The method with its annotations checked, built on the first call.
+    built = None
+
+    def check(*args, **kwargs):
+        nonlocal built
+        if built is None:
+            built = jaxtyping.jaxtyped(typechecker=typechecker)(method)
+        try:
+            return built(*args, **kwargs)
+        except TypeError as error:
+            if isinstance(error, _INPUT_ERRORS):
+                raise
+            better = call_error(method, error, args, kwargs, method.__qualname__)
+            if better is None:
+                raise
+            raise better from None
+
+    return check
+
+
+def init_entry(method: _Method) -> _Method:
+    """Decorates a transform's `init`: what runs before it, in order, is in this module's docstring."""
+    check = _checker(method)
+
+    @functools.wraps(method)
+    def init(self, params):
+        self = weak_hyperparameters(self)
+        if called_from_eqopt(1):
+            # A part's `init`, called by its chain or wrapper.
+            if not (self.handles_packed or self.runs_on_buffers) and contains_packed(
+                params
+            ):
+                return without_lookup(method(self, unpack_all(params)))
+            return method(self, params)
+        try:
+            _hint_bucketing(self, params)
+            if not (self.handles_packed or self.runs_on_buffers) and contains_packed(
+                params
+            ):
+                return without_lookup(check(self, unpack_all(params)))
+            return check(self, params)
+        except _INPUT_ERRORS as error:
+            if _FULL_TRACEBACKS:
+                raise
+            raise error.with_traceback(None) from None
+
+    init.__eqopt_entry__ = "init"  # pyright: ignore[reportAttributeAccessIssue]
+    return init  # pyright: ignore[reportReturnType]
+
+
+def update_entry(method: _Method) -> _Method:
+    """Decorates a transform's `update`: what runs before it, in order, is in this module's docstring."""
+    check = _checker(method)
+
+    @functools.wraps(method)
+    def update(self, updates, state, params=None, **extra_args):
+        self = weak_hyperparameters(self)
+        if called_from_eqopt(1):
+            # A part's `update`, called by its chain or wrapper with what the
+            # outer entry checked. (`float0` is dropped again: eqopt's own
+            # callers of a whole optimiser, a `TrainState` or a ZeRO plan, pass
+            # the user's gradients on.)
+            updates = drop_float0(updates)
+            if not (self.handles_packed or self.runs_on_buffers) and contains_packed(
+                updates, params
+            ):
+                return _call_unpacked(method, self, updates, state, params, extra_args)
+            return method(self, updates, state, params, **extra_args)
+        try:
+            updates = drop_float0(updates)
+            if self.params_like_updates:
+                check_structure(updates, params, not self.per_example_updates)
+            if not (self.handles_packed or self.runs_on_buffers) and contains_packed(
+                updates, params
+            ):
+                return _call_unpacked(check, self, updates, state, params, extra_args)
+            return check(self, updates, state, params, **extra_args)
+        except _INPUT_ERRORS as error:
+            if _FULL_TRACEBACKS:
+                raise
+            raise error.with_traceback(None) from None
+
+    update.__eqopt_entry__ = "update"  # pyright: ignore[reportAttributeAccessIssue]
+    return update  # pyright: ignore[reportReturnType]
+
+
+# ---------------------------------------------------------------------------
+# Packed params: the one adapter
+# ---------------------------------------------------------------------------
+
+
+@no_type_check
+def _call_unpacked(check, self, updates, state, params, extra_args):
+    """Runs `update` on the unpacked model and packs its updates again.
+
+    For a transform that computes per leaf (a norm, a factored moment): it must
+    see the leaves, not the buffers they are packed in.
+    """
+    reference = updates if contains_packed(updates) else params
+    quantized = [
+        x for x in jax.tree.leaves(state, is_leaf=is_quantized) if is_quantized(x)
+    ]
+    # 4-bit codes pair elements two to a byte: see `unpack_all`.
+    static = any(x.bits == 4 for x in quantized)
+    unpacked = unpack_all(updates, static)
+    # (Its quantised moments, made by `init` through this adapter, are never
+    # decoded by a lookup: see `without_lookup`.)
+    new_updates, state = check(
+        self, unpacked, state, unpack_all(params, static), **extra_args
+    )
+    # Repack what is shaped like the updates (a measurement, say, is not).
+    if jax.tree.structure(new_updates, is_leaf=is_none) != jax.tree.structure(
+        unpacked, is_leaf=is_none
+    ):
+        return new_updates, state
+    # Quantised moments make each leaf's update a long expression (decoding,
+    # Adam's arithmetic): concatenated, it was fused into one pass over the
+    # buffer behind a branch per leaf (see `_assemble`).
+    return repack_like(reference, new_updates, bool(quantized)), state
+
+
+# ---------------------------------------------------------------------------
+# The performance hint of the outermost `init`
+# ---------------------------------------------------------------------------
+
+
+class PerformanceHint(UserWarning):
+    """A warning that the step would run faster another way, with the way.
+
+    Given once per process, by the outermost `init` of a default-path
+    optimiser whose params have many small trainable leaves (see the
+    Performance page, "When to use which"). Silence it with
+    `warnings.filterwarnings("ignore", category=eqopt.PerformanceHint)`.
+    """
+
+
+#: The hint needs at least this many trainable leaves (besides `bucketed`'s own
+#: rule): the whole-step gain was measured on hundreds of small leaves (200
+#: residual layers, 400 leaves: 0.42-0.81 of Optax's step bucketed), and a
+#: model of a few dozen gains too little to be worth a warning.
+HINT_MIN_LEAVES = 128
+
+#: Whether the hint was given in this process (it is given once).
+_hinted = [False]
+
+
+@no_type_check
+def _hint_bucketing(transform: Any, params: Any) -> None:
+    """The default path's automatic choice: per leaf, or a hint to bucket or pack.
+
+    The default path keeps its state shaped like the model (Optax-ported code
+    reads `state[0].mu` as params-shaped), so it does not switch layouts
+    behind the user's back; on params where `eqopt.bucketed` would choose to
+    bucket, it says so once.
+    """
+    if _hinted[0] or not transform.advises_bucketing:
+        return
+    # Only an optimiser that runs on the buffers throughout; one with a per-leaf
+    # part that unpacks (per-leaf norms, a freeze) would pay an unpacking and
+    # repacking every step.
+    if not transform.runs_on_buffers:
+        return
+    if contains_packed(params):
+        return
+    layout = _layout_of(jax.tree.leaves(params))
+    if len(layout.slots) < HINT_MIN_LEAVES or not worth_bucketing(layout):
+        return
+    _hinted[0] = True
+    n_leaves = len(layout.slots)
+    mean = sum(layout.sizes()) / n_leaves
+    warnings.warn(
+        f"These params have {n_leaves} trainable leaves of {mean:.0f} elements "
+        "on average: per-leaf overhead dominates this optimiser's step. "
+        "`opt = eqopt.bucketed(opt)` keeps the state in one buffer per dtype "
+        "(same numbers, state read with `state.unpacked()`), and `eqopt.pack(model)` "
+        "packs the params too; see the Performance page. (Given once; silence "
+        "it with `warnings.filterwarnings('ignore', category=eqopt.PerformanceHint)`.)",
+        PerformanceHint,
+        stacklevel=outside_eqopt(),
+    )
