@@ -91,7 +91,8 @@ def test_adam_mini_matches_pytorch_optimizer():
 
 
 def _paper_adam_mini(grads, block_axes, b1=0.9, b2=0.999, eps=1e-8):
-    """Adam-mini in numpy with one block per index of `block_axes[k]` (None: whole)."""
+    """Adam-mini in numpy with one block per index of `block_axes[k]` (None: whole,
+    "adam": Adam's per-coordinate second moment)."""
     m = {k: np.zeros_like(v) for k, v in grads[0].items()}
     v = {k: 0.0 for k in grads[0]}
     out = []
@@ -100,7 +101,9 @@ def _paper_adam_mini(grads, block_axes, b1=0.9, b2=0.999, eps=1e-8):
         for k, gk in g.items():
             axis = block_axes[k]
             mean = (
-                np.mean(gk**2)
+                gk**2
+                if axis == "adam"
+                else np.mean(gk**2)
                 if axis is None
                 else np.mean(
                     gk**2,
@@ -115,16 +118,18 @@ def _paper_adam_mini(grads, block_axes, b1=0.9, b2=0.999, eps=1e-8):
     return out
 
 
-def test_default_blocks_are_the_papers_neurons_and_tokens():
-    """Rank >= 2: one block per index of axis 0 (output neurons of an Equinox Linear,
-    tokens of an Embedding); vectors: one block."""
-    shapes = {"linear": (6, 4), "embedding": (10, 3), "bias": (6,)}
+def test_default_blocks_of_bare_arrays():
+    """Bare arrays of rank >= 2: one block per index of axis 0; vectors: one block;
+    a leaf whose name contains "bias": Adam per coordinate (the authors' rule)."""
+    shapes = {"linear": (6, 4), "embedding": (10, 3), "scale": (6,), "bias": (6,)}
     _, grads = random_problem(shapes, 5, seed=3)
     tx = eqopt.contrib.scale_by_adam_mini()
     state = tx.init(grads[0])
     assert state.nu["linear"].shape == (6,) and state.nu["embedding"].shape == (10,)
-    assert state.nu["bias"].shape == ()
-    expected = _paper_adam_mini(grads, {"linear": 0, "embedding": 0, "bias": None})
+    assert state.nu["scale"].shape == () and state.nu["bias"].shape == (6,)
+    expected = _paper_adam_mini(
+        grads, {"linear": 0, "embedding": 0, "scale": None, "bias": "adam"}
+    )
     for g, want in zip(grads, expected, strict=True):
         got, state = tx.update(jax.tree.map(jnp.asarray, g), state)
         for k in want:
@@ -156,3 +161,129 @@ def test_bad_heads_names_the_leaf():
         tx.init(make_model())
     with pytest.raises(ValueError, match="heads"):
         AdamMiniBlocks(heads=2)
+
+
+# ---------------------------------------------------------------------------
+# The authors' rules (Zhang et al., Adam-mini v1.1, their published code) by name,
+# on an Equinox model whose paths are the names.
+# ---------------------------------------------------------------------------
+
+WQK_NAMES = {"k_proj", "q_proj", "wq", "wk", "query", "key"}
+ROW_NAMES = {"embed", "embd", "wte", "lm_head", "output", "final_layer"} | {
+    "v_proj", "wv", "value", "o_proj", "wo", "attn.proj", "feed_forward", "linear",
+    "mlp",
+}  # fmt: skip
+
+
+class _Block(eqx.Module):
+    embedding: eqx.nn.Embedding
+    attention: eqx.nn.MultiheadAttention
+    norm: eqx.nn.LayerNorm
+    mlp: eqx.nn.MLP
+
+
+def _block():
+    keys = jax.random.split(jax.random.key(0), 3)
+    return _Block(
+        eqx.nn.Embedding(VOCAB, D, key=keys[0]),
+        eqx.nn.MultiheadAttention(
+            HEADS,
+            D,
+            use_query_bias=True,
+            use_key_bias=True,
+            use_value_bias=True,
+            use_output_bias=True,
+            key=keys[1],
+        ),
+        eqx.nn.LayerNorm(D),
+        eqx.nn.MLP(D, D, 2 * D, 1, key=keys[2]),
+    )
+
+
+def _authors_adam_mini(names, grads, lr, b1=0.9, b2=0.999, eps=1e-8):
+    """`Adam_mini.step` in numpy float64, routed by name as the authors do: "bias"
+    to Adam, queries and keys by head (`dim * dim / n_heads` entries each), the
+    embedding, output, value, projection and MLP weights by row, the rest (norms)
+    one block. Returns the updates (before the learning rate's sign) per step."""
+    head_numel = D * D // HEADS
+    m = {n: 0.0 for n in names}
+    v = {n: 0.0 for n in names}
+    out = []
+    for t, g in enumerate(grads, start=1):
+        step = {}
+        for name in names:
+            gk = np.asarray(g[name], np.float64)
+            if "bias" in name:
+                square = gk * gk
+            elif any(key in name for key in WQK_NAMES):
+                heads = gk.reshape(-1, head_numel)
+                square = np.repeat(np.mean(heads * heads, axis=1), head_numel)
+                square = square.reshape(gk.shape)
+            elif any(key in name for key in ROW_NAMES):
+                square = np.mean(gk * gk, axis=1, keepdims=True)
+            else:
+                square = np.sum(gk * gk) / gk.size
+            m[name] = m[name] + (1 - b1) * (gk - m[name])
+            v[name] = b2 * v[name] + (1 - b2) * square
+            h = np.sqrt(v[name]) / np.sqrt(1 - b2**t) + eps
+            step[name] = -lr * (m[name] / (1 - b1**t)) / h
+        out.append(step)
+    return out
+
+
+def _named(tree):
+    from eqopt._leaves import path_str
+
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {path_str(path).lower().lstrip("."): leaf for path, leaf in flat}
+
+
+@pytest.mark.parametrize("rule", ["default", "by rank"])
+def test_default_blocks_on_an_equinox_model_are_the_authors(rule):
+    """The default on an Equinox model routes as the authors' code does: biases (the
+    LayerNorm's too) per coordinate, queries and keys by head, embedding, values,
+    output and MLP weights by row, the LayerNorm scale one block. The rank rule
+    alone (the old default) gives the biases one value: far from theirs."""
+    model = _block()
+    params = eqx.filter(model, eqx.is_inexact_array)
+    blocks = None if rule == "default" else AdamMiniBlocks.default
+    opt = eqopt.contrib.adam_mini(1e-2, weight_decay=0.0, blocks=blocks)
+    state = opt.init(model)
+    rng = np.random.default_rng(0)
+    grads = [
+        jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape), x.dtype), params)
+        for _ in range(5)
+    ]
+    ours = []
+    for g in grads:
+        updates, state = opt.update(g, state, model)
+        ours.append(_named(updates))
+    names = list(_named(params))
+    assert "attention.query_proj.weight" in names and "norm.bias" in names
+    theirs = _authors_adam_mini(names, [_named(g) for g in grads], lr=1e-2)
+    worst = max(
+        np.max(np.abs(np.asarray(ours_step[n]) - their_step[n]) / 1e-2)
+        for ours_step, their_step in zip(ours, theirs, strict=True)
+        for n in names
+    )
+    if rule == "default":
+        assert worst < 1e-4
+        nu = state[0].nu
+        assert nu.attention.query_proj.weight.shape == (HEADS,)
+        assert nu.attention.value_proj.weight.shape == (D,)
+        assert nu.embedding.weight.shape == (VOCAB,)
+        assert nu.norm.weight.shape == () and nu.norm.bias.shape == (D,)
+        assert nu.mlp.layers[0].bias.shape == (2 * D,)
+    else:
+        assert worst > 0.1
+
+
+def test_default_tree_is_a_spec_to_edit():
+    model = _block()
+    blocks = AdamMiniBlocks.default_tree(model)
+    assert blocks.mlp.layers[0].weight == AdamMiniBlocks(axis=0)
+    assert blocks.mlp.layers[0].bias is False and blocks.mlp.activation is None
+    assert blocks.attention.key_proj.weight == AdamMiniBlocks(axis=0, heads=HEADS)
+    blocks = eqx.tree_at(lambda b: b.norm.weight, blocks, False)
+    state = eqopt.contrib.adam_mini(1e-3, blocks=blocks).init(model)
+    assert state[0].nu.norm.weight.shape == (D,)

@@ -130,3 +130,51 @@ def test_bad_arguments_are_clear_errors():
         eqopt.contrib.scale_by_galore(
             weight_dimension_numbers={"w": GaLoreDimensionNumbers(0, 1)}
         ).init({"w": jnp.zeros((2, 3, 4))})
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_galore_on_an_equinox_model_reads_each_linear_as_out_in(explicit):
+    """On an `eqx.nn.MLP` each `Linear` weight is viewed as (in, out): the numbers of
+    Optax given `GaLoreDimensionNumbers(1, 0)`. Explicit dimension numbers win:
+    spelled as Optax's convention they give Optax's default. The square hidden
+    layer is where the two differ (which side is projected)."""
+    import equinox as eqx
+
+    model = eqx.nn.MLP(4, 2, width_size=6, depth=2, key=jax.random.key(0))
+    params = eqx.filter(model, eqx.is_inexact_array)
+    as_list = lambda tree: [(layer.weight, layer.bias) for layer in tree.layers]  # noqa: E731
+    optax_dims = optax.contrib.GaLoreDimensionNumbers(*((0, 1) if explicit else (1, 0)))
+    opt = eqopt.contrib.galore(
+        0.1,
+        rank=2,
+        update_proj_gap=2,
+        weight_dimension_numbers=(
+            (lambda x: GaLoreDimensionNumbers(0, 1) if x.ndim == 2 else None)
+            if explicit
+            else None
+        ),
+    )
+    reference = optax.contrib.galore(
+        0.1,
+        rank=2,
+        update_proj_gap=2,
+        weight_dimension_numbers=lambda p: jax.tree.map(
+            lambda x: optax_dims if x.ndim == 2 else None, p
+        ),
+    )
+    state, reference_state = opt.init(model), reference.init(as_list(params))
+    for step in range(3):
+        grads = jax.tree.map(
+            lambda x, step=step: jax.random.normal(jax.random.key(step), x.shape),
+            params,
+        )
+        updates, state = opt.update(grads, state, model)
+        theirs, reference_state = reference.update(
+            as_list(grads), reference_state, as_list(params)
+        )
+        for ours, their in zip(
+            jax.tree.leaves(updates), jax.tree.leaves(theirs), strict=True
+        ):
+            np.testing.assert_allclose(ours, their, rtol=2e-4, atol=1e-6)
+    hidden = state[0].projector.layers[1].weight  # (6, 6): the input side, (in, r)
+    assert hidden.shape == (6, 2)

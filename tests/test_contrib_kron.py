@@ -10,7 +10,8 @@ from _training import train
 from helpers import Case
 
 import eqopt
-from eqopt.contrib._kron import _balance, _norm_lower_bound, _precondition, kron_probes
+from eqopt.contrib import kron_probes
+from eqopt.contrib._kron import _balance, _norm_lower_bound, _precondition
 
 _NO_OPTAX = "not in Optax: compared with psgd_jax (same probes) in test_contrib_kron.py"
 

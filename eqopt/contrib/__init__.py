@@ -160,6 +160,7 @@ from ._kron import (
     ScaleByKron as ScaleByKron,
     ScaleByKronState as ScaleByKronState,
     kron as kron,
+    kron_probes as kron_probes,
     precond_update_prob_schedule as precond_update_prob_schedule,
     scale_by_kron as scale_by_kron,
 )

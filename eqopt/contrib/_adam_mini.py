@@ -13,16 +13,21 @@ from .._base import (
     AbstractGradientTransformation,
     Params,
     Updates,
+    is_none,
     is_trainable,
-    zeros_like_trainable,
+    path_str,
 )
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._filters import FilterSpec
 from .._hyper import Scalar, ScalarLike, ScalarOrSchedule, as_scalar, check_decays
+from .._layer_axes import layer_leaves
+from .._leafwise import zeros_like_trainable
 from .._numerics import abs_squared, debias, safe_int32_increment
 from .._sharding import gathered
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
+from .._typecheck import checked
 from ._dimension_numbers import resolve_dimension_numbers
 
 
@@ -41,6 +46,8 @@ class AdamMiniBlocks:
 
     In a `blocks` filter spec, `True` means `AdamMiniBlocks()`, and `False` (or
     `None`) means no sharing: Adam's one value per coordinate.
+    `AdamMiniBlocks.default_tree(model)` gives the default blocks of
+    a whole model, to edit with `eqx.tree_at`.
 
     A frozen dataclass: a single pytree leaf, so it can sit in a filter spec.
 
@@ -69,9 +76,43 @@ class AdamMiniBlocks:
 
     @staticmethod
     def default(leaf: Any) -> "AdamMiniBlocks":
-        """The paper's rule by rank: per index of axis 0 (neurons of an Equinox
-        `Linear`, tokens of an `Embedding`) for rank 2 and more, else one block."""
+        """The paper's rule by rank, for a leaf of no known layer: per index of
+        axis 0 for rank 2 and more, else one block."""
         return AdamMiniBlocks(axis=0) if leaf.ndim >= 2 else AdamMiniBlocks()
+
+    @staticmethod
+    def default_tree(params: Any) -> Any:
+        """The default blocks of every leaf of `params` (see
+        `eqopt.contrib.ScaleByAdamMini`), as a filter spec shaped like it.
+
+        **Arguments:**
+
+        - `params`: a model (or its gradients), Equinox layers included.
+
+        **Returns:** a pytree shaped like `params` with an `AdamMiniBlocks` or
+        `False` (Adam's per-coordinate second moment) at each trainable leaf
+        and `None` elsewhere.
+        """
+        described = layer_leaves(params)
+
+        def rule(path: Any, leaf: Any) -> Any:
+            if not is_trainable(leaf):
+                return None
+            # The authors route every parameter whose name contains "bias" to Adam.
+            if "bias" in path_str(path).lower():
+                return False
+            layer = described.get(path)
+            if layer is None:
+                return AdamMiniBlocks.default(leaf)
+            if layer.heads is not None:  # queries and keys: one block per head
+                return AdamMiniBlocks(axis=layer.output_axes[0], heads=layer.heads)
+            if layer.layer is eqx.nn.Embedding and layer.is_matrix:
+                return AdamMiniBlocks(axis=layer.input_axes[0])  # per token
+            if layer.is_matrix:
+                return AdamMiniBlocks(axis=layer.output_axes[0])  # per neuron
+            return AdamMiniBlocks()  # normalisation scales: one block per leaf
+
+        return jax.tree_util.tree_map_with_path(rule, params, is_leaf=is_none)
 
     def shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The shape of the second moment of a leaf of `shape`."""
@@ -120,8 +161,9 @@ def _broadcast(block_values, blocks, shape):
     )
 
 
+@checked
 class ScaleByAdamMiniState(eqx.Module):
-    """The state of [`eqopt.contrib.ScaleByAdamMini`][].
+    """The state of `eqopt.contrib.ScaleByAdamMini`.
 
     - `count`: the number of steps taken.
     - `mu`: Adam's first moment, shaped like the params.
@@ -135,6 +177,7 @@ class ScaleByAdamMiniState(eqx.Module):
     nu: Updates
 
 
+@checked
 class ScaleByAdamMini(AbstractGradientTransformation):
     r"""Rescales updates by Adam's moments, with one second moment per parameter block.
 
@@ -155,11 +198,27 @@ class ScaleByAdamMini(AbstractGradientTransformation):
     values, attention outputs and MLPs, by head for queries and keys, by token
     for embeddings and the output layer, and one block per leaf for the rest.
     Here it is an Equinox filter spec whose leaves are
-    [`eqopt.contrib.AdamMiniBlocks`][]: the default gives every leaf of rank
-    $\ge 2$ one block per index of its axis 0 (neurons of an Equinox `Linear`,
-    tokens of an `Embedding`) and every other leaf one block; mark the query
-    and key weights with `AdamMiniBlocks(axis=0, heads=h)` through
-    `eqx.tree_at` (see [`eqopt.contrib.adam_mini`][]).
+    `eqopt.contrib.AdamMiniBlocks`. The default follows the authors' code,
+    reading each leaf's layer from the model:
+
+    - every leaf whose path contains `"bias"` (the bias of a `Linear`, a
+      convolution or a `LayerNorm`, a dict entry `"bias"`...) gets Adam's
+      per-coordinate second moment, as the authors route every parameter
+      whose name contains "bias";
+    - the query and key projections of an `eqx.nn.MultiheadAttention`: one
+      block per head;
+    - the weight of a `Linear` (also in an `MLP`, and the other projections
+      of a `MultiheadAttention`), a convolution, a `GRUCell` or `LSTMCell`:
+      one block per output neuron (axis 0 of Equinox's `(out, in)`);
+    - an `Embedding` weight `(num_embeddings, dim)`: one block per token;
+    - a normalisation's scale (`LayerNorm`, `RMSNorm`, `GroupNorm`,
+      `BatchNorm` weight): one block, as the authors' "other blocks";
+    - any other leaf: one block per index of axis 0 at rank 2 and more, else
+      one block (`AdamMiniBlocks.default`).
+
+    To change it, edit the tree of
+    `AdamMiniBlocks.default_tree(model)` with `eqx.tree_at` (see
+    `eqopt.contrib.adam_mini`).
 
     `pytorch-optimizer`'s AdamMini (the authors' first release) uses one
     block per leaf for values, outputs and MLPs and Adam's per-coordinate
@@ -196,7 +255,7 @@ class ScaleByAdamMini(AbstractGradientTransformation):
 
     def _blocks(self, tree: Any) -> Any:
         return resolve_dimension_numbers(
-            AdamMiniBlocks.default if self.blocks is None else self.blocks,
+            AdamMiniBlocks.default_tree(tree) if self.blocks is None else self.blocks,
             tree,
             AdamMiniBlocks,
             owner="Adam-mini",
@@ -204,6 +263,7 @@ class ScaleByAdamMini(AbstractGradientTransformation):
             check=_check_blocks,
         )
 
+    @init_entry
     def init(self, params: Params) -> ScaleByAdamMiniState:
         blocks = self._blocks(params)
 
@@ -223,6 +283,7 @@ class ScaleByAdamMini(AbstractGradientTransformation):
             nu=nu,
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -278,6 +339,7 @@ class _Leaf:
     value: Any
 
 
+@checked
 def scale_by_adam_mini(
     b1: ScalarLike = 0.9,
     b2: ScalarLike = 0.999,
@@ -286,10 +348,11 @@ def scale_by_adam_mini(
     *,
     blocks: Any = None,
 ) -> ScaleByAdamMini:
-    """Lowercase spelling of [`eqopt.contrib.ScaleByAdamMini`][]."""
+    """Lowercase spelling of `eqopt.contrib.ScaleByAdamMini`."""
     return ScaleByAdamMini(b1=b1, b2=b2, eps=eps, mu_dtype=mu_dtype, blocks=blocks)
 
 
+@checked
 def adam_mini(
     learning_rate: ScalarOrSchedule,
     b1: ScalarLike = 0.9,
@@ -305,18 +368,23 @@ def adam_mini(
 
     $$ x_{t+1} = x_t - \eta_t \big(u_t + \lambda\, x_t\big) $$
 
-    with $u_t$ from [`eqopt.contrib.ScaleByAdamMini`][].
+    with $u_t$ from `eqopt.contrib.ScaleByAdamMini`.
+
+    **Weight decay differs from the authors'.** The default `weight_decay` is
+    `1e-4` (AdamW's default in Optax and eqopt), applied to every
+    leaf `mask` selects (all by default). The authors' `Adam_mini` defaults to
+    `weight_decay=0` and, when it is set, exempts every parameter whose name
+    contains "norm", "ln" or "bias". For their behaviour pass
+    `weight_decay=0.0`, or a `mask` such as `lambda x: x.ndim >= 2`.
 
     !!! example
 
-        The paper's partition: start from the default rule for every leaf and
-        mark the query and key projections by head (here, as a stand-in, a
-        hidden layer of 16 neurons as 4 heads).
+        The default partition already gives the query and key projections of
+        an `eqx.nn.MultiheadAttention` one block per head. Elsewhere, edit the
+        default tree (here a hidden layer of 16 neurons as 4 heads):
 
         ```python
-        blocks = jax.tree.map(
-            eqopt.contrib.AdamMiniBlocks.default, eqx.filter(model, eqx.is_inexact_array)
-        )
+        blocks = eqopt.contrib.AdamMiniBlocks.default_tree(model)
         blocks = eqx.tree_at(
             lambda b: b.layers[1].weight,
             blocks,
@@ -332,11 +400,11 @@ def adam_mini(
 
     - `learning_rate`: $\eta$, a number or a schedule.
     - `b1`, `b2`, `eps`, `mu_dtype`, `blocks`: as for
-      [`eqopt.contrib.ScaleByAdamMini`][].
+      `eqopt.contrib.ScaleByAdamMini`.
     - `weight_decay`: $\lambda$ (decoupled, multiplied by the learning rate).
     - `mask`: a filter spec of the leaves to decay.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Zhang et al., *Adam-mini: Use Fewer Learning Rates To Gain
     More*, arXiv:2406.16793, 2024.

@@ -16,19 +16,22 @@ from .._base import (
     Updates,
     is_none,
     is_trainable,
-    structure_mismatch_message,
 )
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._filters import FilterSpec
 from .._hyper import Scalar, ScalarLike, ScalarOrSchedule, as_scalar
 from .._interop import as_transform
 from .._numerics import safe_int32_increment
+from .._structure import structure_mismatch_message
 from .._transform.adam import ScaleByAdam
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
+from .._typecheck import checked
 from ._dimension_numbers import (
     _AbstractDimensionNumbers,
     fans,
+    layer_oriented,
     matrix_view,
     resolve_dimension_numbers,
 )
@@ -39,7 +42,7 @@ class GaLoreDimensionNumbers(_AbstractDimensionNumbers):
     """Which axes of a parameter GaLore treats as the rows and columns of a matrix.
 
     The reduction axes become the rows and the output axes the columns; unlike
-    [`eqopt.contrib.MuonDimensionNumbers`][], every axis must be one or the
+    `eqopt.contrib.MuonDimensionNumbers`, every axis must be one or the
     other (GaLore has no batch axes). The default is a plain matrix.
 
     A frozen dataclass (Optax's is a NamedTuple): a single pytree leaf, so it
@@ -52,8 +55,9 @@ class GaLoreDimensionNumbers(_AbstractDimensionNumbers):
     """
 
 
+@checked
 class GaLoreState(eqx.Module):
-    """The state of [`eqopt.contrib.ScaleByGaLore`][].
+    """The state of `eqopt.contrib.ScaleByGaLore`.
 
     `projector` holds, for each projected leaf, the orthonormal basis $P$ of its
     current subspace (`None` at leaves that are not projected);
@@ -95,6 +99,7 @@ def _map_pairs(fn, tree, *others):
     )
 
 
+@checked
 class ScaleByGaLore(AbstractGradientTransformation):
     r"""Runs an optimiser on low-rank projections of the gradient matrices (GaLore).
 
@@ -128,14 +133,21 @@ class ScaleByGaLore(AbstractGradientTransformation):
     - `update_proj_gap`: $T$, how often to recompute the projector (static).
     - `scale`: $\alpha$, applied to the projected-back updates.
     - `base_optimizer`: the optimiser run in the low-rank space (default:
-      [`eqopt.scale_by_adam`][]).
+      `eqopt.scale_by_adam`).
     - `weight_dimension_numbers`: which leaves are projected and how they are
       viewed as matrices: `None` (every 2-D leaf), one
-      [`eqopt.contrib.GaLoreDimensionNumbers`][] (every leaf of rank >= 2),
+      `eqopt.contrib.GaLoreDimensionNumbers` (every leaf of rank >= 2),
       or a filter spec whose leaves may be dimension numbers (a per-leaf
       predicate, a prefix pytree from `eqx.tree_at`, or Optax's tree with
       `None` for leaves not projected). Unlike Optax, a callable is applied to
-      each leaf, never to the whole params.
+      each leaf, never to the whole params. Where the spec says `True`, a
+      weight of a known Equinox layer is viewed as the layer uses it (an
+      `eqx.nn.Linear` weight `(out, in)` has its input on axis 1, a
+      convolution's `(out, in, *kernel)` is the matrix `(in * kernel, out)`),
+      any other leaf by Optax's convention (axis 0 is the input); see
+      "Orientation" in `eqopt.contrib.ScaleByMuon`. The side projected is
+      the longer one either way, so this changes only square matrices (which
+      side) and the layout of the low-rank state.
 
     **References:** Zhao et al., *GaLore: Memory-Efficient LLM Training by
     Gradient Low-Rank Projection*, ICML 2024.
@@ -173,9 +185,15 @@ class ScaleByGaLore(AbstractGradientTransformation):
         elif isinstance(spec, GaLoreDimensionNumbers):
             spec = _AtLeastMatrix(spec)
         return resolve_dimension_numbers(
-            spec, tree, GaLoreDimensionNumbers, owner="GaLore", batch_axes=False
+            spec,
+            tree,
+            GaLoreDimensionNumbers,
+            owner="GaLore",
+            batch_axes=False,
+            default=layer_oriented(tree, GaLoreDimensionNumbers),
         )
 
+    @init_entry
     def init(self, params: Params) -> GaLoreState:
         dims = self._dimension_numbers(params)
 
@@ -196,6 +214,7 @@ class ScaleByGaLore(AbstractGradientTransformation):
             projector=projector,
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -274,6 +293,7 @@ def _is_matrix(x: Any) -> bool:
     return x.ndim == 2
 
 
+@checked
 def scale_by_galore(
     rank: int = 128,
     update_proj_gap: int = 200,
@@ -281,9 +301,9 @@ def scale_by_galore(
     base_optimizer: Any = None,
     weight_dimension_numbers: Any = None,
 ) -> ScaleByGaLore:
-    """Optax spelling of [`eqopt.contrib.ScaleByGaLore`][].
+    """Optax spelling of `eqopt.contrib.ScaleByGaLore`.
 
-    `base_optimizer=None` means [`eqopt.scale_by_adam`][]`()`.
+    `base_optimizer=None` means `eqopt.scale_by_adam``()`.
     """
     return ScaleByGaLore(
         rank=rank,
@@ -294,6 +314,7 @@ def scale_by_galore(
     )
 
 
+@checked
 def galore(
     learning_rate: ScalarOrSchedule,
     rank: int = 128,
@@ -310,7 +331,7 @@ def galore(
     u_t = -\eta_t \big( \alpha\, P_t\, \rho_t(P_t^H G_t) + \lambda\, W_{t-1} \big)
     $$
 
-    for projected matrices (see [`eqopt.contrib.ScaleByGaLore`][]); other leaves
+    for projected matrices (see `eqopt.contrib.ScaleByGaLore`); other leaves
     get the base optimiser's update at full size. The chain is
     `scale_by_galore`, `add_decayed_weights`, `scale_by_learning_rate`.
 
@@ -318,11 +339,11 @@ def galore(
 
     - `learning_rate`: $\eta$, a number or a schedule.
     - `rank`, `update_proj_gap`, `scale`, `base_optimizer`,
-      `weight_dimension_numbers`: as for [`eqopt.contrib.ScaleByGaLore`][].
+      `weight_dimension_numbers`: as for `eqopt.contrib.ScaleByGaLore`.
     - `weight_decay`: $\lambda$.
     - `mask`: a filter spec of the leaves to decay.
 
-    **Returns:** an [`eqopt.Chain`][].
+    **Returns:** an `eqopt.Chain`.
 
     **References:** Zhao et al., *GaLore: Memory-Efficient LLM Training by
     Gradient Low-Rank Projection*, ICML 2024.

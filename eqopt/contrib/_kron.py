@@ -11,6 +11,7 @@ from jaxtyping import Array, ArrayLike, Float, Int, PyTree, Real, UInt32
 
 from .._base import AbstractGradientTransformation, Params, Updates, is_none
 from .._combine import Chain
+from .._entry import init_entry, update_entry
 from .._filters import FilterSpec
 from .._hyper import (
     Scalar,
@@ -25,6 +26,7 @@ from .._numerics import safe_int32_increment
 from .._sharding import gathered, whole
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
+from .._typecheck import checked
 from ..schedules._base import AbstractSchedule
 from ._kronecker import map_leaves, map_params
 
@@ -38,6 +40,7 @@ _DAMPING = float(np.sqrt(np.finfo(np.float32).eps))
 _TINY = float(np.finfo(np.float32).tiny)
 
 
+@checked
 class KronUpdateProbabilitySchedule(AbstractSchedule):
     r"""How often PSGD Kron refits its preconditioner: flat, then exponentially annealed.
 
@@ -58,28 +61,32 @@ class KronUpdateProbabilitySchedule(AbstractSchedule):
     decay: Scalar = eqx.field(default=0.001, converter=as_scalar)
     flat_start: Scalar = eqx.field(default=500.0, converter=as_scalar)
 
+    @checked
     def __call__(self, count: Real[ArrayLike, "*shape"]) -> Float[Array, "*shape"]:
         annealed = self.max_prob * jnp.exp(-self.decay * (count - self.flat_start))
         return jnp.minimum(jnp.maximum(annealed, self.min_prob), self.max_prob)
 
 
+@checked
 def precond_update_prob_schedule(
     max_prob: ScalarLike = 1.0,
     min_prob: ScalarLike = 0.03,
     decay: ScalarLike = 0.001,
     flat_start: ScalarLike = 500,
 ) -> KronUpdateProbabilitySchedule:
-    """Builds [`eqopt.contrib.KronUpdateProbabilitySchedule`][]."""
+    """Builds `eqopt.contrib.KronUpdateProbabilitySchedule`."""
     return KronUpdateProbabilitySchedule(
         max_prob=max_prob, min_prob=min_prob, decay=decay, flat_start=flat_start
     )
 
 
+@checked
 class ScaleByKronState(eqx.Module):
-    """The state of [`eqopt.contrib.ScaleByKron`][].
+    """The state of `eqopt.contrib.ScaleByKron`.
 
-    `key` (raw `uint32` key data, so the state serialises) draws the probes; `update_counter` counts the steps since the last
-    refit; `mu` (shaped like the params) is the momentum;
+    `key` (raw `uint32` key data, so the state serialises) draws the probes
+    (see `eqopt.contrib.kron_probes`); `update_counter` counts the steps
+    since the last refit; `mu` (shaped like the params) is the momentum;
     per leaf, `preconditioner` is a tuple of the factors $Q_i$ (a matrix, or
     the diagonal of a diagonal one).
     """
@@ -191,10 +198,34 @@ def _precondition(factors, g):
 def kron_probes(
     key: UInt32[Array, " key_data"], updates: Updates
 ) -> tuple[Any, Any, Any]:
-    """The next key data, the Gaussian probes (shaped like `updates`) and the balancing draw.
+    r"""Draws the random numbers of one `eqopt.contrib.ScaleByKron` step.
 
-    [`eqopt.contrib.ScaleByKron`][] draws its probes with this function, so a
-    test can give the same probes to another implementation.
+    `ScaleByKron.update` calls this on `state.key` and uses nothing else
+    random: the probes $v_t \sim \mathcal N(0, I)$ of the preconditioner's
+    refit, one per leaf of `updates`, and the uniform draw that decides
+    whether the factors are rebalanced this step (below 0.01). Calling it on
+    the same key gives the same numbers, so another implementation of PSGD
+    Kron can be fed the probes eqopt uses and compared step by step (as
+    `tests/test_contrib_kron.py` does with `psgd_jax`).
+
+    **Arguments:**
+
+    - `key`: the raw key data held in `ScaleByKronState.key`.
+    - `updates`: the updates of the step (only their structure, shapes and
+      dtypes are read).
+
+    **Returns:** `(next_key, probes, balance_draw)`: the key data for the next
+    step, a pytree shaped like `updates` of standard Gaussian probes (`None`
+    where `updates` is `None`), and a scalar uniform in $[0, 1)$.
+
+    !!! example
+
+        ```python
+        tx = eqopt.contrib.scale_by_kron()
+        state = tx.init(model)
+        key, probes, balance_draw = eqopt.contrib.kron_probes(state.key, grads)
+        probes.layers[0].weight.shape   # (16, 2), as the gradient
+        ```
     """
     key, probe_key, balance_key = jax.random.split(jax.random.wrap_key_data(key), 3)
     leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
@@ -207,6 +238,7 @@ def kron_probes(
     return jax.random.key_data(key), probes, jax.random.uniform(balance_key)
 
 
+@checked
 class ScaleByKron(AbstractGradientTransformation):
     r"""Preconditions the momentum by a Kronecker-factored $P = Q^\top Q$ fitted on random probes (PSGD Kron).
 
@@ -230,7 +262,7 @@ class ScaleByKron(AbstractGradientTransformation):
     bound of the spectral norm, the largest entry for a diagonal factor) runs
     under a `lax.cond`, on a fraction $p_t$ of the steps
     (`preconditioner_update_probability`, by default
-    [`eqopt.contrib.KronUpdateProbabilitySchedule`][]). Like `psgd_jax` and
+    `eqopt.contrib.KronUpdateProbabilitySchedule`). Like `psgd_jax` and
     heavyball, the fraction is kept by a counter (a refit when
     $1 / p_t$ steps have passed) rather than Li's coin flip, so runs are
     reproducible and never go long without a refit. With probability 0.01 a
@@ -247,7 +279,7 @@ class ScaleByKron(AbstractGradientTransformation):
 
     - `b1`: the momentum $\beta_1$ (0: precondition the gradient itself).
     - `preconditioner_update_probability`: $p_t$, a number or a schedule of
-      the step (default: [`eqopt.contrib.precond_update_prob_schedule`][]`()`).
+      the step (default: `eqopt.contrib.precond_update_prob_schedule``()`).
     - `max_size_triangular`, `min_ndim_triangular`, `memory_save_mode`: which
       factors are diagonal, as above (static).
     - `momentum_into_precond_update`: fit $P$ on $\hat m_t$ (default) or on $g_t$ (static).
@@ -301,6 +333,7 @@ class ScaleByKron(AbstractGradientTransformation):
             diagonal[largest] = True
         return diagonal
 
+    @init_entry
     def init(self, params: Params) -> ScaleByKronState:
         def factors(p):
             if jnp.iscomplexobj(p):
@@ -325,6 +358,7 @@ class ScaleByKron(AbstractGradientTransformation):
             preconditioner=map_params(factors, params),
         )
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -389,6 +423,7 @@ class ScaleByKron(AbstractGradientTransformation):
         )
 
 
+@checked
 def scale_by_kron(
     b1: ScalarLike = 0.9,
     preconditioner_update_probability: ScalarOrSchedule | None = None,
@@ -401,7 +436,7 @@ def scale_by_kron(
     *,
     seed: int = 0,
 ) -> ScaleByKron:
-    """Builds [`eqopt.contrib.ScaleByKron`][] (Li, 2018)."""
+    """Builds `eqopt.contrib.ScaleByKron` (Li, 2018)."""
     return ScaleByKron(
         b1=b1,
         preconditioner_update_probability=preconditioner_update_probability,
@@ -415,6 +450,7 @@ def scale_by_kron(
     )
 
 
+@checked
 def kron(
     learning_rate: ScalarOrSchedule = 1e-3,
     b1: ScalarLike = 0.9,
@@ -432,7 +468,7 @@ def kron(
 ) -> Chain:
     r"""PSGD Kron with decoupled weight decay: $w_t = w_{t-1} - \eta_t (u_t + \lambda w_{t-1})$.
 
-    $u_t$ is the preconditioned momentum of [`eqopt.contrib.ScaleByKron`][].
+    $u_t$ is the preconditioned momentum of `eqopt.contrib.ScaleByKron`.
     PSGD's update has an RMS of at most 1.1, so its learning rate is about
     Adam's (the default is `psgd_jax`'s, 1e-3).
 
@@ -449,9 +485,9 @@ def kron(
 
     **Arguments:** `learning_rate` ($\eta$, a number or a schedule),
     `weight_decay` ($\lambda$), `weight_decay_mask` (a filter spec of the
-    leaves to decay); the others as for [`eqopt.contrib.ScaleByKron`][].
+    leaves to decay); the others as for `eqopt.contrib.ScaleByKron`.
 
-    **Returns:** an [`eqopt.Chain`][] of `scale_by_kron`, `add_decayed_weights`
+    **Returns:** an `eqopt.Chain` of `scale_by_kron`, `add_decayed_weights`
     and `scale_by_learning_rate`.
 
     **References:** Li, *Preconditioned Stochastic Gradient Descent*, IEEE

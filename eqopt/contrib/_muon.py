@@ -1,24 +1,18 @@
 """Muon: momentum orthogonalised by Newton–Schulz iterations."""
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any, Literal, no_type_check
+from typing import Any, no_type_check
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float, Int
+from jaxtyping import Array, Float, Int
 
 from .._alias import adamw
-from .._base import (
-    AbstractGradientTransformation,
-    EmptyState,
-    Params,
-    Updates,
-    leafwise,
-)
+from .._base import AbstractGradientTransformation, EmptyState, Params, Updates
 from .._combine import Chain, Partition
+from .._entry import init_entry, update_entry
 from .._filters import FilterSpec
 from .._hyper import (
     Scalar,
@@ -29,41 +23,27 @@ from .._hyper import (
     check_decays,
     check_hyperparameter,
 )
+from .._leafwise import leafwise
 from .._numerics import debias, safe_int32_increment
 from .._quantize import MomentDType, cast_moment, moment_like
-from .._sharding import gathered
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
+from .._typecheck import checked
 from ._dimension_numbers import (
     _AbstractDimensionNumbers,
     fans,
-    matrix_view,
+    layer_oriented,
     resolve_dimension_numbers,
     selection_spec,
 )
-from ._polar_express import _polar_express_rows
-
-# Jordan (2024): the quintic whose slope at zero is largest while its iterates
-# stay within [0.7, 1.2] on [0, 1].
-_DEFAULT_NS_COEFFS = (3.4445, -4.7750, 2.0315)
-# Ahn et al. (2025), Dion: one quintic per iteration.
-_DION_NS_COEFFS = (
-    (4.0848, -6.8946, 2.9270),
-    (3.9505, -6.3029, 2.6377),
-    (3.7418, -5.5913, 2.3037),
-    (2.8769, -3.1427, 1.2046),
-    (2.8366, -3.0525, 1.2012),
+from ._newton_schulz import (
+    _DEFAULT_NS_COEFFS,
+    _PRECONDITIONINGS,
+    Coefficients,
+    Preconditioning,
+    _as_coefficients,
+    orthogonalize,
 )
-_PRESETS = {
-    "standard": _DEFAULT_NS_COEFFS,
-    "muon": _DEFAULT_NS_COEFFS,
-    "dion": _DION_NS_COEFFS,
-    "polar_express": _polar_express_rows(5),
-}
-_PRECONDITIONINGS = ("frobenius", "spectral", "aol", "schatten")
-
-Preconditioning = Literal["frobenius", "spectral", "aol", "schatten"]
-Coefficients = str | Sequence[ScalarLike] | Sequence[Sequence[ScalarLike]] | ArrayLike
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,10 +52,16 @@ class MuonDimensionNumbers(_AbstractDimensionNumbers):
 
     A weight used as $x W = y$ has its *reduction* axes (contracted with the
     input) as rows and its *output* axes as columns; the default is a plain
-    matrix, rows on axis 0 and columns on axis 1. Every other axis is a batch
-    axis: each slice along the batch axes is orthogonalised on its own. For a
-    convolution kernel of shape `(out, in, kh, kw)`, for example,
+    matrix, rows on axis 0 and columns on axis 1 (Optax's convention, as a Flax
+    `(in, out)` kernel). Every other axis is a batch axis: each slice along the
+    batch axes is orthogonalised on its own. For a convolution kernel of shape
+    `(out, in, kh, kw)`, for example,
     `MuonDimensionNumbers(reduction_axis=(1, 2, 3), output_axis=0)`.
+
+    You rarely need these for an Equinox model: where a spec says `True` (or
+    a predicate returns `True`) for a weight of a known Equinox layer, the
+    dimension numbers are the layer's own (see "Orientation" in
+    `eqopt.contrib.ScaleByMuon`). Dimension numbers you pass always win.
 
     Unlike Optax's NamedTuple, this is a frozen dataclass: a single pytree
     leaf, so it can sit in a filter spec next to bools and predicates.
@@ -87,68 +73,9 @@ class MuonDimensionNumbers(_AbstractDimensionNumbers):
     """
 
 
-def _as_coefficients(value: Coefficients) -> Float[Array | np.ndarray, "..."]:
-    if isinstance(value, str):
-        if value not in _PRESETS:
-            raise ValueError(
-                f"Unknown Newton-Schulz preset {value!r}; the presets are "
-                f"{sorted(_PRESETS)}."
-            )
-        value = _PRESETS[value]
-    return jnp.asarray(value, jnp.float32)
-
-
-@no_type_check
-def _newton_schulz(x, coefficients, steps, preconditioning, eps):
-    """Orthogonalises one matrix: $X \\mapsto U V^H$ approximately, for $X = U S V^H$."""
-    transposed = x.shape[0] > x.shape[1]
-    if transposed:  # iterate on the smaller Gram matrix
-        x = x.T
-    if preconditioning == "frobenius":
-        x = x / (jnp.linalg.norm(x) + eps)
-    elif preconditioning == "spectral":
-        # The largest singular value, by an SVD in at least single precision.
-        wide = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-        norm = jnp.linalg.norm(wide, ord=2).astype(jnp.finfo(x.dtype).dtype)
-        x = x / (norm + eps)
-    coefficients = coefficients.astype(x.dtype)
-    rows = [coefficients] * steps if coefficients.ndim == 1 else list(coefficients)
-    for index, row in enumerate(rows):
-        gram = x @ x.T.conj()
-        if index == 0 and preconditioning == "aol":
-            # Boissin et al. (2025): rescale row i by (sum_j |A_ij|)^(-1/2), which
-            # bounds the spectral norm by 1 and equilibrates the rows.
-            scaling = jax.lax.rsqrt(jnp.clip(jnp.abs(gram).sum(axis=-1), min=eps))
-            x = x * scaling[:, None]
-            gram = gram * scaling[:, None] * scaling[None, :]
-        elif index == 0 and preconditioning == "schatten":
-            # Grishina et al. (2025): divide by the Schatten-4 norm ||X X^H||_F^(1/2).
-            scaling = jax.lax.rsqrt(jnp.clip(jnp.linalg.norm(gram), min=eps))
-            x = x * scaling
-            gram = gram * scaling**2
-        polynomial = row[1] * gram + row[2] * gram @ gram
-        x = row[0] * x + polynomial @ x
-    if transposed:
-        x = x.T
-    return x
-
-
-@no_type_check
-def orthogonalize(x, dimension_numbers, coefficients, steps, preconditioning, eps):
-    """Newton–Schulz orthogonalisation of each matrix of `x` under its dimension numbers."""
-    # Under explicit sharding the iteration runs on the gathered matrix (its
-    # matmuls contract every dimension) and the result is sharded like `x`.
-    x, shard_like_x = gathered(x)
-    to_matrix, from_matrix = matrix_view(x.shape, dimension_numbers)
-    matrices = to_matrix(x)
-    out = jax.vmap(
-        lambda m: _newton_schulz(m, coefficients, steps, preconditioning, eps)
-    )(matrices)
-    return shard_like_x(from_matrix(out).astype(x.dtype))
-
-
+@checked
 class MuonState(eqx.Module):
-    """The state of [`eqopt.contrib.ScaleByMuon`][]: the step count and the momentum.
+    """The state of `eqopt.contrib.ScaleByMuon`: the step count and the momentum.
 
     The momentum is `None` at leaves that Muon does not orthogonalise. (Optax's
     state also holds the Newton–Schulz coefficients; here they are a
@@ -159,6 +86,7 @@ class MuonState(eqx.Module):
     mu: Updates
 
 
+@checked
 class ScaleByMuon(AbstractGradientTransformation):
     r"""Orthogonalises the Nesterov momentum of each matrix (Muon).
 
@@ -184,20 +112,41 @@ class ScaleByMuon(AbstractGradientTransformation):
 
     Leaves that `weight_dimension_numbers` does not select pass through
     unchanged and keep no momentum. Non-matrix leaves usually go to Adam:
-    [`eqopt.contrib.muon`][] does that.
+    `eqopt.contrib.muon` does that.
+
+    **Orientation.** Which axes are a matrix's input (rows) and output
+    (columns) does not change the orthogonalised direction, but it does change
+    the shape factor of `eqopt.contrib.ScaleByShape`, NorMuon's neurons
+    and GaLore's sides. The model knows its layers: a weight of a known
+    Equinox layer is read as the layer uses it, whatever Optax's convention:
+
+    | leaf | reduction (input) axes | output axes |
+    |---|---|---|
+    | `eqx.nn.Linear.weight` `(out, in)` (also in `MLP`, and the projections of `MultiheadAttention`) | 1 | 0 |
+    | `eqx.nn.Conv*.weight`, `eqx.nn.ConvTranspose*.weight` `(out, in, *kernel)` | 1, 2, ... | 0 |
+    | `eqx.nn.Embedding.weight` `(num_embeddings, dim)` | 0 | 1 |
+    | `eqx.nn.GRUCell`/`LSTMCell` `weight_ih`, `weight_hh` | 1 | 0 |
+    | any other leaf (a bare array, a custom module's field) | 0 | 1 (Optax's convention, as a Flax `(in, out)` kernel) |
+
+    The layer is read from `updates` (or `params`), which `eqx.filter_grad`
+    returns as Modules of the same types. Dimension numbers given explicitly
+    (a `eqopt.contrib.MuonDimensionNumbers` in the spec, or returned by a
+    predicate) always win. This differs on purpose from Optax, which applies
+    its `(in, out)` convention to an `eqx.nn.Linear` weight and so transposes
+    its shape factor.
 
     **Arguments:**
 
     - `ns_coeffs`: the coefficients $(a, b, c)$, or one row of them per
       iteration (shape `(n, 3)`, then `ns_steps` is ignored), or a preset name
       (`"standard"`, `"dion"`, or `"polar_express"`: Amsel et al.'s five
-      optimal quintics, see [`eqopt.contrib.polar_express_coefficients`][]
+      optimal quintics, see `eqopt.contrib.polar_express_coefficients`
       for other counts).
     - `ns_steps`: the number of iterations $K$ (static).
     - `beta`: the momentum decay $\beta \in [0, 1)$.
     - `eps`: added to the norm before dividing.
     - `mu_dtype`: dtype to store the momentum in (default: the params'), or a
-      [`eqopt.Quantized`][] format.
+      `eqopt.Quantized` format.
     - `nesterov`: use Nesterov momentum (default) or plain momentum.
     - `adaptive`: scale by the dual norm of the momentum.
     - `preconditioning`: how $X_0$ is scaled before iterating: `"frobenius"`
@@ -206,13 +155,14 @@ class ScaleByMuon(AbstractGradientTransformation):
       iteration, Boissin et al. 2025) or `"schatten"` (by the Schatten-4 norm,
       Grishina et al. 2025).
     - `weight_dimension_numbers`: which leaves are matrices, and how to view
-      them as matrices. `None` (default): every trainable leaf is a 2-D
-      matrix. Otherwise an Equinox filter spec whose leaves may also be
-      [`eqopt.contrib.MuonDimensionNumbers`][]: a predicate such as
+      them as matrices. `None` (default): every trainable leaf is a matrix,
+      oriented as above. Otherwise an Equinox filter spec whose leaves may
+      also be `eqopt.contrib.MuonDimensionNumbers`: a predicate such as
       `lambda x: x.ndim == 2`, a prefix pytree built with `eqx.tree_at`, or
       Optax's tree of dimension numbers with `None` for leaves to skip.
       Unlike Optax, a callable is applied to each leaf (it returns a bool,
-      dimension numbers or `None`), never to the whole params.
+      dimension numbers or `None`), never to the whole params. `True` means
+      the orientation above; explicit dimension numbers are used as given.
 
     **References:** Jordan et al., *Muon: An optimizer for hidden layers in
     neural networks*, 2024 (kellerjordan.github.io/posts/muon); Bernstein &
@@ -261,9 +211,15 @@ class ScaleByMuon(AbstractGradientTransformation):
             else self.weight_dimension_numbers
         )
         return resolve_dimension_numbers(
-            spec, tree, MuonDimensionNumbers, owner="Muon", batch_axes=True
+            spec,
+            tree,
+            MuonDimensionNumbers,
+            owner="Muon",
+            batch_axes=True,
+            default=layer_oriented(tree, MuonDimensionNumbers),
         )
 
+    @init_entry
     def init(self, params: Params) -> MuonState:
         dims = self._dimension_numbers(params)
 
@@ -275,6 +231,7 @@ class ScaleByMuon(AbstractGradientTransformation):
         mu = jax.tree.map(zeros, params, dims, is_leaf=lambda x: x is None)
         return MuonState(count=jnp.zeros([], jnp.int32), mu=mu)
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -312,6 +269,7 @@ class ScaleByMuon(AbstractGradientTransformation):
         return updates, MuonState(count=count, mu=mu)
 
 
+@checked
 def scale_by_muon(
     ns_coeffs: Coefficients = _DEFAULT_NS_COEFFS,
     ns_steps: int = 5,
@@ -324,10 +282,10 @@ def scale_by_muon(
     preconditioning: Preconditioning = "frobenius",
     weight_dimension_numbers: Any = None,
 ) -> ScaleByMuon:
-    """Optax spelling of [`eqopt.contrib.ScaleByMuon`][].
+    """Optax spelling of `eqopt.contrib.ScaleByMuon`.
 
     `weight_dimension_numbers` is a filter spec whose leaves may be
-    [`eqopt.contrib.MuonDimensionNumbers`][]; a callable is applied per leaf.
+    `eqopt.contrib.MuonDimensionNumbers`; a callable is applied per leaf.
     """
     return ScaleByMuon(
         ns_coeffs=ns_coeffs,
@@ -342,6 +300,7 @@ def scale_by_muon(
     )
 
 
+@checked
 class ScaleByShape(AbstractGradientTransformation):
     r"""Scales each orthogonalised matrix by a factor of its shape (Muon's second step).
 
@@ -360,9 +319,14 @@ class ScaleByShape(AbstractGradientTransformation):
     the shape, like AdamW's (Liu et al., 2025, who recommend $\rho = 0.2$).
     Leaves the spec does not select pass through.
 
+    Which axes are $n_{\text{in}}$ and $n_{\text{out}}$ is read from the
+    Equinox layer a leaf belongs to (an `eqx.nn.Linear(16, 32)` weight, stored
+    `(32, 16)`, gets $\sqrt 2$), else from Optax's convention (axis 0 is the
+    input); see "Orientation" in `eqopt.contrib.ScaleByMuon`.
+
     **Arguments:**
 
-    - `weight_dimension_numbers`: as for [`eqopt.contrib.ScaleByMuon`][].
+    - `weight_dimension_numbers`: as for `eqopt.contrib.ScaleByMuon`.
     - `consistent_rms`: $\rho$, or `None` for the width-transfer scale.
 
     **References:** Liu et al., *Muon is Scalable for LLM Training*,
@@ -378,9 +342,11 @@ class ScaleByShape(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return False
 
+    @init_entry
     def init(self, params: Params) -> EmptyState:
         return EmptyState()
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -393,12 +359,14 @@ class ScaleByShape(AbstractGradientTransformation):
             if self.weight_dimension_numbers is None
             else self.weight_dimension_numbers
         )
+        tree = updates if params is None else params
         dims = resolve_dimension_numbers(
             spec,
-            updates if params is None else params,
+            tree,
             MuonDimensionNumbers,
             owner="Muon",
             batch_axes=True,
+            default=layer_oriented(tree, MuonDimensionNumbers),
         )
 
         @no_type_check
@@ -419,6 +387,7 @@ def _is_matrix(x: Any) -> bool:
     return x.ndim == 2
 
 
+@checked
 def muon(
     learning_rate: ScalarOrSchedule,
     ns_coeffs: Coefficients = _DEFAULT_NS_COEFFS,
@@ -439,6 +408,8 @@ def muon(
     adam_learning_rate: ScalarOrSchedule | None = None,
     muon_weight_dimension_numbers: Any = None,
     consistent_rms: ScalarLike | None = None,
+    adam_eps: ScalarLike | None = None,
+    adam_nesterov: bool | None = None,
 ) -> Partition:
     r"""Muon for the matrices, AdamW for every other leaf.
 
@@ -449,12 +420,28 @@ def muon(
     $$
 
     with $\operatorname{NS}(\hat M_t)$ the Newton–Schulz orthogonalisation of
-    the (Nesterov) momentum ([`eqopt.contrib.ScaleByMuon`][]) and $s$ the shape
-    factor of [`eqopt.contrib.ScaleByShape`][]. Every other leaf (biases,
-    scalars, embeddings you leave out) is trained by [`eqopt.adamw`][] with
-    `adam_*` hyperparameters, the same `eps`, `mu_dtype` and `nesterov`.
+    the (Nesterov) momentum (`eqopt.contrib.ScaleByMuon`) and $s$ the shape
+    factor of `eqopt.contrib.ScaleByShape`. Every other leaf (biases,
+    scalars, embeddings you leave out) is trained by `eqopt.adamw` with
+    the `adam_*` hyperparameters and Muon's `mu_dtype`.
 
-    The result is a [`eqopt.Partition`][] with groups `"muon"` (the chain
+    **The Adam part's `eps` and `nesterov`.** As in Optax, they default to
+    Muon's: `muon(lr, nesterov=True)` (the default) makes the other leaves'
+    optimiser NAdam, and `eps` is shared. The reference implementation
+    (Jordan et al.'s `MuonWithAuxAdam`) runs a plain Adam with its own `eps`
+    there: pass `adam_nesterov=False` (and `adam_eps=`) for that.
+
+    **Orientation on Equinox models.** The shape factor $s =
+    \sqrt{\max(1, n_{\text{out}} / n_{\text{in}})}$ reads which axis is the
+    input from the Equinox layer a weight belongs to: an `eqx.nn.Linear`
+    weight is `(out, in)`, so `eqx.nn.Linear(16, 32)` gets $\sqrt 2$ and
+    `eqx.nn.Linear(32, 8)` gets 1, as in the authors' Muon. Optax reads every
+    matrix as a Flax `(in, out)` kernel and gives the transposed factors on
+    such a model; a bare array (or a custom module's field) keeps Optax's
+    convention here too, and explicit `eqopt.contrib.MuonDimensionNumbers`
+    always win. See "Orientation" in `eqopt.contrib.ScaleByMuon`.
+
+    The result is a `eqopt.Partition` with groups `"muon"` (the chain
     `scale_by_muon`, `scale_by_shape`, `add_decayed_weights`,
     `scale_by_learning_rate`) and `"adam"`.
 
@@ -465,7 +452,7 @@ def muon(
     - a per-leaf predicate, e.g. `lambda x: x.ndim == 2 and x.shape[0] > 16`;
     - a prefix pytree of bools built with `eqx.tree_at` on the model, e.g. only
       the hidden layers of an MLP;
-    - Optax's tree of [`eqopt.contrib.MuonDimensionNumbers`][] (with `None` for
+    - Optax's tree of `eqopt.contrib.MuonDimensionNumbers` (with `None` for
       Adam leaves), which also says how to view higher-rank leaves as matrices.
       A predicate may return dimension numbers too.
 
@@ -488,16 +475,19 @@ def muon(
 
     - `learning_rate`: $\eta$ for the Muon group, a number or a schedule.
     - `ns_coeffs`, `ns_steps`, `beta`, `eps`, `mu_dtype`, `nesterov`,
-      `adaptive`, `preconditioning`: as for [`eqopt.contrib.ScaleByMuon`][].
+      `adaptive`, `preconditioning`: as for `eqopt.contrib.ScaleByMuon`.
     - `weight_decay`: $\lambda$ for the Muon group (multiplied by the learning rate).
     - `weight_decay_mask`: a filter spec of the Muon leaves to decay.
     - `adam_b1`, `adam_b2`, `adam_eps_root`, `adam_weight_decay`: AdamW's
       hyperparameters for the other leaves.
     - `adam_learning_rate`: AdamW's learning rate (default: `learning_rate`).
     - `muon_weight_dimension_numbers`: the Muon leaves, as above.
-    - `consistent_rms`: see [`eqopt.contrib.ScaleByShape`][].
+    - `consistent_rms`: see `eqopt.contrib.ScaleByShape`.
+    - `adam_eps`: AdamW's $\epsilon$ (default: `eps`, as Optax).
+    - `adam_nesterov`: whether AdamW uses Nesterov momentum, i.e. NAdam
+      (default: `nesterov`, as Optax).
 
-    **Returns:** an [`eqopt.Partition`][].
+    **Returns:** an `eqopt.Partition`.
 
     **References:** Jordan et al., *Muon: An optimizer for hidden layers in
     neural networks*, 2024; Bernstein & Newhouse, *Old Optimizer, New Norm: An
@@ -531,11 +521,11 @@ def muon(
         learning_rate=adam_learning_rate,
         b1=adam_b1,
         b2=adam_b2,
-        eps=eps,
+        eps=eps if adam_eps is None else adam_eps,
         eps_root=adam_eps_root,
         mu_dtype=mu_dtype,
         weight_decay=adam_weight_decay,
-        nesterov=nesterov,
+        nesterov=nesterov if adam_nesterov is None else adam_nesterov,
     )
     return _matrices_and_the_rest("muon", muon_part, adam_part, spec)
 

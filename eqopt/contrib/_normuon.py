@@ -10,8 +10,9 @@ from jax.typing import DTypeLike
 from jaxtyping import Array, Float, Int
 
 from .._alias import adamw
-from .._base import AbstractGradientTransformation, Params, Updates, leafwise
+from .._base import AbstractGradientTransformation, Params, Updates
 from .._combine import Chain, Partition
+from .._entry import init_entry, update_entry
 from .._filters import FilterSpec
 from .._hyper import (
     Scalar,
@@ -22,39 +23,35 @@ from .._hyper import (
     check_decays,
     check_hyperparameter,
 )
+from .._leafwise import leafwise
 from .._numerics import abs_squared, safe_int32_increment
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
+from .._typecheck import checked
 from ._dimension_numbers import (
     fans,
+    layer_oriented,
     matrix_view,
     resolve_dimension_numbers,
 )
-from ._muon import (
+from ._muon import MuonDimensionNumbers, _matrices_and_the_rest
+from ._newton_schulz import (
     _DEFAULT_NS_COEFFS,
     _PRECONDITIONINGS,
     Coefficients,
-    MuonDimensionNumbers,
     Preconditioning,
     _as_coefficients,
-    _matrices_and_the_rest,
     orthogonalize,
 )
 
-# Neurons are rows, as in an Equinox `Linear` weight (out, in) and in PyTorch.
-_NEURON_ROWS = MuonDimensionNumbers(reduction_axis=1, output_axis=0)
+
+def _is_matrix(x: Any) -> bool:
+    return x.ndim == 2
 
 
-def _every_leaf_neuron_rows(x: Any) -> MuonDimensionNumbers:
-    return _NEURON_ROWS
-
-
-def _matrix_neuron_rows(x: Any) -> MuonDimensionNumbers | None:
-    return _NEURON_ROWS if x.ndim == 2 else None
-
-
+@checked
 class NorMuonState(eqx.Module):
-    """The state of [`eqopt.contrib.ScaleByNorMuon`][].
+    """The state of `eqopt.contrib.ScaleByNorMuon`.
 
     - `count`: the number of steps taken.
     - `mu`: the momentum, shaped like the params (`None` where not a matrix).
@@ -67,6 +64,7 @@ class NorMuonState(eqx.Module):
     nu: Updates
 
 
+@checked
 class ScaleByNorMuon(AbstractGradientTransformation):
     r"""Orthogonalises the momentum (Muon), then normalises each neuron by its second moment.
 
@@ -86,34 +84,43 @@ class ScaleByNorMuon(AbstractGradientTransformation):
     $$
 
     $\operatorname{NS}$ is Muon's Newton–Schulz orthogonalisation
-    ([`eqopt.contrib.ScaleByMuon`][], same coefficients and preconditioning).
+    (`eqopt.contrib.ScaleByMuon`, same coefficients and preconditioning).
     Orthogonalising equalises the singular values but leaves some neurons with
     much larger updates than others; the per-neuron second moment (one value
     per neuron, as Adam-mini's blocks) evens them out, and the last line gives
     the update the root mean square $\rho = 0.2$ of AdamW's, as Algorithm 1 of
     the paper does. The authors' code (and `pytorch-optimizer`'s default)
-    instead keep the Frobenius norm of $O_t$: `consistent_rms=None` does that.
+    instead keep the Frobenius norm of $O_t$ and then apply Muon's width
+    factor (their `update *= max(1, rows / cols) ** 0.5`, rows being the
+    neurons of a PyTorch `(out, in)` weight): `consistent_rms=None` does that,
+
+    $$ u_t = \sqrt{\max(1, m / n)}\; \|O_t\|_F\, \hat O_t / (\|\hat O_t\|_F + \epsilon). $$
+
     Neither bias-corrects $M$ or $v$; nor does eqopt.
 
-    **Which axis is a neuron.** By default every leaf is a matrix whose
-    *rows* are the neurons, as in an Equinox `Linear` weight `(out, in)`
-    (i.e. `MuonDimensionNumbers(reduction_axis=1, output_axis=0)`); this
-    differs from Muon's default (Optax's `(in, out)`), which does not matter
-    to Muon but does to NorMuon.
+    **Which axis is a neuron.** The neurons are the output axes. As for
+    Muon (see "Orientation" in `eqopt.contrib.ScaleByMuon`), a weight of
+    a known Equinox layer is read as the layer uses it: the neurons of an
+    `eqx.nn.Linear` weight `(out, in)` are its rows, as in the authors'
+    PyTorch code. Any other leaf keeps Optax's convention, a Flax `(in, out)`
+    kernel whose neurons are its columns; explicit dimension numbers (e.g.
+    `MuonDimensionNumbers(reduction_axis=1, output_axis=0)` for PyTorch-laid
+    bare arrays) always win.
 
     **Arguments:**
 
     - `ns_coeffs`, `ns_steps`, `preconditioning`: as for
-      [`eqopt.contrib.ScaleByMuon`][] (`"polar_express"` included).
+      `eqopt.contrib.ScaleByMuon` (`"polar_express"` included).
     - `beta`: $\beta_1$, the momentum decay.
     - `b2`: $\beta_2$, the decay of the neuron-wise second moment.
     - `eps`: $\epsilon$.
     - `mu_dtype`: dtype to store the momentum in (default: the params').
     - `nesterov`: Nesterov momentum (the authors' code) or plain momentum (the
       paper's Algorithm 1, default).
-    - `consistent_rms`: $\rho$, or `None` to keep $\|O_t\|_F$.
-    - `weight_dimension_numbers`: as for [`eqopt.contrib.ScaleByMuon`][], with
-      neuron rows by default (above).
+    - `consistent_rms`: $\rho$, or `None` for the authors' code: keep
+      $\|O_t\|_F$ and apply the width factor $\sqrt{\max(1, m / n)}$.
+    - `weight_dimension_numbers`: as for `eqopt.contrib.ScaleByMuon`
+      (`None`: every leaf is a matrix, oriented by its layer as above).
 
     **References:** Li, Liu, Liang, Chen & Zhao, *NorMuon: Making Muon more
     efficient and scalable*, arXiv:2510.05491, 2025.
@@ -153,13 +160,15 @@ class ScaleByNorMuon(AbstractGradientTransformation):
     def _dimension_numbers(self, tree: Any) -> Any:
         spec = self.weight_dimension_numbers
         return resolve_dimension_numbers(
-            _every_leaf_neuron_rows if spec is None else spec,
+            True if spec is None else spec,
             tree,
             MuonDimensionNumbers,
             owner="NorMuon",
             batch_axes=True,
+            default=layer_oriented(tree, MuonDimensionNumbers),
         )
 
+    @init_entry
     def init(self, params: Params) -> NorMuonState:
         dims = self._dimension_numbers(params)
 
@@ -182,6 +191,7 @@ class ScaleByNorMuon(AbstractGradientTransformation):
         nu = jax.tree.map(neurons, params, dims, is_leaf=is_none)
         return NorMuonState(count=jnp.zeros([], jnp.int32), mu=mu, nu=nu)
 
+    @update_entry
     def update(
         self,
         updates: Updates,
@@ -229,7 +239,11 @@ class ScaleByNorMuon(AbstractGradientTransformation):
             normalised = matrix / (eps + jnp.sqrt(nu))[:, None, :].astype(o.dtype)
             norms = jnp.sqrt(jnp.sum(abs_squared(normalised), axis=(1, 2)))
             if rms is None:
+                # The authors' code: the norm of O, times Muon's width factor
+                # sqrt(max(1, neurons / inputs)).
+                fan_in, fan_out = matrix.shape[1], matrix.shape[2]
                 target = jnp.sqrt(jnp.sum(abs_squared(matrix), axis=(1, 2)))
+                target = target * max(1.0, fan_out / fan_in) ** 0.5
             else:
                 target = rms * jnp.sqrt(matrix.shape[1] * matrix.shape[2])
             factor = (target / (eps + norms))[:, None, None].astype(o.dtype)
@@ -247,6 +261,7 @@ class _Boxed(eqx.Module):
     value: Any = eqx.field(static=True)
 
 
+@checked
 def scale_by_normuon(
     ns_coeffs: Coefficients = _DEFAULT_NS_COEFFS,
     ns_steps: int = 5,
@@ -260,7 +275,7 @@ def scale_by_normuon(
     consistent_rms: ScalarLike | None = 0.2,
     weight_dimension_numbers: Any = None,
 ) -> ScaleByNorMuon:
-    """Lowercase spelling of [`eqopt.contrib.ScaleByNorMuon`][]."""
+    """Lowercase spelling of `eqopt.contrib.ScaleByNorMuon`."""
     return ScaleByNorMuon(
         ns_coeffs=ns_coeffs,
         ns_steps=ns_steps,
@@ -275,6 +290,7 @@ def scale_by_normuon(
     )
 
 
+@checked
 def normuon(
     learning_rate: ScalarOrSchedule,
     ns_coeffs: Coefficients = _DEFAULT_NS_COEFFS,
@@ -300,9 +316,9 @@ def normuon(
 
     $$ W_{t+1} = W_t - \eta_t \big(u_t + \lambda\, W_t\big) $$
 
-    with $u_t$ from [`eqopt.contrib.ScaleByNorMuon`][] (whose RMS of 0.2 makes
-    AdamW's learning rates a good start). As [`eqopt.contrib.muon`][], the
-    result is a [`eqopt.Partition`][] with groups `"normuon"` and `"adam"`.
+    with $u_t$ from `eqopt.contrib.ScaleByNorMuon` (whose RMS of 0.2 makes
+    AdamW's learning rates a good start). As `eqopt.contrib.muon`, the
+    result is a `eqopt.Partition` with groups `"normuon"` and `"adam"`.
 
     !!! example
 
@@ -318,16 +334,18 @@ def normuon(
     - `learning_rate`: $\eta$ for the NorMuon group, a number or a schedule.
     - `ns_coeffs`, `ns_steps`, `beta`, `b2`, `eps`, `mu_dtype`, `nesterov`,
       `preconditioning`, `consistent_rms`: as for
-      [`eqopt.contrib.ScaleByNorMuon`][].
+      `eqopt.contrib.ScaleByNorMuon`.
     - `weight_decay`, `weight_decay_mask`: $\lambda$ and the filter spec of
       the NorMuon leaves to decay.
     - `adam_*`: AdamW's hyperparameters for the other leaves
       (`adam_learning_rate` defaults to `learning_rate`).
     - `normuon_weight_dimension_numbers`: which leaves get NorMuon and their
-      neuron axes, a filter spec as Muon's; default: every 2-D leaf, with
-      neurons on its rows.
+      neuron axes, a filter spec as Muon's; default: every 2-D leaf, oriented
+      by its Equinox layer (an `eqx.nn.Linear` weight's neurons are its
+      rows) or else by Optax's convention (a bare matrix's neurons are its
+      columns).
 
-    **Returns:** an [`eqopt.Partition`][].
+    **Returns:** an `eqopt.Partition`.
 
     **References:** Li et al., *NorMuon: Making Muon more efficient and
     scalable*, arXiv:2510.05491, 2025.
@@ -335,7 +353,7 @@ def normuon(
     if adam_learning_rate is None:
         adam_learning_rate = learning_rate
     spec = (
-        _matrix_neuron_rows
+        _is_matrix
         if normuon_weight_dimension_numbers is None
         else normuon_weight_dimension_numbers
     )
