@@ -63,6 +63,7 @@ import optax  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import import_time  # noqa: E402
+from bench_report import markdown_table  # noqa: E402
 
 import eqopt  # noqa: E402
 
@@ -338,29 +339,7 @@ def fmt_ms(seconds):
 
 def table(rows):
     header = ("target", "eqopt", "Optax", "ratio", "A/A")
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
-
-    def line(cells):
-        return (
-            "| "
-            + " | ".join(
-                c.ljust(w) if i == 0 else c.rjust(w)
-                for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-            )
-            + " |"
-        )
-
-    out = [line(header)]
-    out.append(
-        "|"
-        + "|".join(
-            "-" * (w + 2) if i == 0 else "-" * (w + 1) + ":"
-            for i, w in enumerate(widths)
-        )
-        + "|"
-    )
-    out.extend(line(row) for row in rows)
-    return "\n".join(out)
+    return markdown_table(header, rows, numeric=set(range(1, len(header))))
 
 
 def timed_row(label, result, fmt=fmt_ms):

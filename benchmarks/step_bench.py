@@ -54,12 +54,13 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-import eqopt  # noqa: E402
-
 #: What is timed: Optax; Optax again (an A/A run, for the noise); eqopt on the
 #: params as they are (the default path); eqopt with its state bucketed
 #: (`eqopt.bucketed`, params as they are); eqopt on `eqopt.pack`ed params.
-LIBRARIES = ("optax", "optax-aa", "eqopt", "eqopt-bucketed", "eqopt-packed")
+from bench_report import LIBRARIES  # noqa: E402
+
+import eqopt  # noqa: E402
+
 CASES = ("sgdm", "adam", "adamw", "clip+adamw+cos", "lion", "rmsprop", "adafactor")
 DEFAULT_CASES = (
     "sgdm",
@@ -72,188 +73,19 @@ DEFAULT_CASES = (
 )
 TREES = ("mlp", "resnet", "transformer", "small", "onebig")
 
-LEARNING_RATE = 1e-3
-WEIGHT_DECAY = 1e-4
-
-
-# ---------------------------------------------------------------------------
-# Parameter trees
-# ---------------------------------------------------------------------------
-
-
-def make_mlp(args, key):
-    """An `eqx.nn.MLP`: array leaves plus activation functions and sizes."""
-    return eqx.nn.MLP(
-        args.mlp_in, 10, width_size=args.mlp_width, depth=args.mlp_depth, key=key
-    )
-
-
-def make_transformer(args, key):
-    """A dict shaped like a decoder-only transformer's parameters."""
-    d, f, vocab = args.tf_width, 4 * args.tf_width, args.tf_vocab
-    rng = np.random.default_rng(args.seed)
-
-    def normal(shape, scale):
-        return jnp.asarray(rng.standard_normal(shape, np.float32) * scale)
-
-    def dense(n_in, n_out):
-        return {
-            "w": normal((n_in, n_out), 1 / math.sqrt(n_in)),
-            "b": jnp.zeros((n_out,), jnp.float32),
-        }
-
-    def layer_norm():
-        return {
-            "scale": jnp.ones((d,), jnp.float32),
-            "bias": jnp.zeros((d,), jnp.float32),
-        }
-
-    blocks = [
-        {
-            "ln1": layer_norm(),
-            "qkv": dense(d, 3 * d),
-            "out": dense(d, d),
-            "ln2": layer_norm(),
-            "mlp_in": dense(d, f),
-            "mlp_out": dense(f, d),
-        }
-        for _ in range(args.tf_blocks)
-    ]
-    return {
-        "embed": normal((vocab, d), 0.02),
-        "pos_embed": normal((args.tf_context, d), 0.02),
-        "blocks": blocks,
-        "ln_f": layer_norm(),
-    }
-
-
-SMALL_SHAPES = ((8, 8), (16,), (4, 16), (32,), (2, 4, 8))
-
-
-def make_small(args, key):
-    """A dict of many small leaves of mixed shapes (matrices and vectors)."""
-    rng = np.random.default_rng(args.seed)
-    width = len(str(args.small_leaves - 1))
-    return {
-        f"p{i:0{width}d}": jnp.asarray(
-            rng.standard_normal(SMALL_SHAPES[i % len(SMALL_SHAPES)], np.float32)
-        )
-        for i in range(args.small_leaves)
-    }
-
-
-def make_resnet(args, key):
-    """A dict shaped like a ResNet-50's parameters, narrowed to ~11M parameters.
-
-    Bottleneck blocks (1x1, 3x3, 1x1 convolutions, each followed by a batch-norm
-    scale and bias) in stages of 3, 4, 6 and 3 blocks, a projection at the start
-    of each stage, a stem and a dense head: 161 leaves, from a 1344x1000 head
-    and 3x3x336x336 convolutions down to 42-element scales.
-    """
-    rng = np.random.default_rng(args.seed)
-    width = args.resnet_width
-
-    def conv(k, c_in, c_out):
-        return jnp.asarray(
-            rng.standard_normal((k, k, c_in, c_out), np.float32)
-            / math.sqrt(k * k * c_in)
-        )
-
-    def norm(c):
-        return {
-            "scale": jnp.ones((c,), jnp.float32),
-            "bias": jnp.zeros((c,), jnp.float32),
-        }
-
-    params = {"stem": {"w": conv(7, 3, width), "bn": norm(width)}}
-    channels = width
-    for stage, n_blocks in enumerate((3, 4, 6, 3)):
-        mid = width * 2**stage
-        out = 4 * mid
-        for block in range(n_blocks):
-            layer = {
-                "conv1": conv(1, channels, mid),
-                "bn1": norm(mid),
-                "conv2": conv(3, mid, mid),
-                "bn2": norm(mid),
-                "conv3": conv(1, mid, out),
-                "bn3": norm(out),
-            }
-            if block == 0:
-                layer["proj"] = conv(1, channels, out)
-                layer["proj_bn"] = norm(out)
-            params[f"s{stage}b{block}"] = layer
-            channels = out
-    params["head"] = {
-        "w": jnp.asarray(rng.standard_normal((channels, 1000), np.float32) * 0.01),
-        "b": jnp.zeros((1000,), jnp.float32),
-    }
-    return params
-
-
-def make_onebig(args, key):
-    """One large leaf: the case where the step should run at memory bandwidth."""
-    rng = np.random.default_rng(args.seed)
-    # A matrix, so that the weight-decay mask of `clip+adamw+cos` selects it.
-    rows = max(1, args.onebig_size // 1024)
-    return {"w": jnp.asarray(rng.standard_normal((rows, 1024), np.float32))}
-
-
-TREE_MAKERS = {
-    "mlp": make_mlp,
-    "resnet": make_resnet,
-    "transformer": make_transformer,
-    "small": make_small,
-    "onebig": make_onebig,
-}
-
-
-# ---------------------------------------------------------------------------
-# Optimisers
-# ---------------------------------------------------------------------------
-
-
-def is_matrix(x):
-    return x.ndim > 1
-
-
-def make_optimiser(lib, case, total_steps):
-    """The same optimiser in either library (`lib` is `optax` or `eqopt`)."""
-    m = optax if lib == "optax" else eqopt
-    if case == "sgdm":
-        return m.sgd(LEARNING_RATE, momentum=0.9)
-    if case == "adam":
-        return m.adam(LEARNING_RATE)
-    if case == "adamw":
-        return m.adamw(LEARNING_RATE, weight_decay=WEIGHT_DECAY)
-    if case == "lion":
-        return m.lion(LEARNING_RATE, weight_decay=WEIGHT_DECAY)
-    if case == "rmsprop":
-        return m.rmsprop(LEARNING_RATE)
-    if case == "adafactor":
-        return m.adafactor(LEARNING_RATE)
-    schedule = m.warmup_cosine_decay_schedule(
-        0.0,
-        LEARNING_RATE,
-        total_steps // 10,
-        total_steps,
-        end_value=LEARNING_RATE / 100,
-    )
-    if lib == "optax":
-        # An Optax callable mask is a function of the whole params.
-        mask = lambda params: jax.tree.map(is_matrix, params)  # noqa: E731
-    else:
-        # An eqopt callable mask is a per-leaf predicate (an Equinox filter spec).
-        mask = is_matrix
-    return m.chain(
-        m.clip_by_global_norm(1.0),
-        m.adamw(schedule, weight_decay=WEIGHT_DECAY, mask=mask),
-    )
-
-
-# ---------------------------------------------------------------------------
-# Jitted steps
-# ---------------------------------------------------------------------------
+from bench_trees import (  # noqa: E402, F401  # noqa: E402
+    LEARNING_RATE,
+    SMALL_SHAPES as SMALL_SHAPES,
+    TREE_MAKERS as TREE_MAKERS,
+    WEIGHT_DECAY,
+    is_matrix as is_matrix,
+    make_mlp as make_mlp,
+    make_onebig as make_onebig,
+    make_optimiser as make_optimiser,
+    make_resnet as make_resnet,
+    make_small as make_small,
+    make_transformer as make_transformer,
+)
 
 
 def copy_arrays(tree):
@@ -415,20 +247,6 @@ def streaming_bandwidth(n, reps=9):
     return 12 * n / statistics.median(times)
 
 
-#: Minimum bytes moved per parameter by one step (read grad, params and state,
-#: write params and state), float32 state. Clipping by the global norm reads the
-#: gradient once more: no update can start before the whole norm is known.
-BYTES_PER_PARAM = {
-    "sgdm": 20,
-    "adam": 28,
-    "adamw": 28,
-    "clip+adamw+cos": 32,
-    "lion": 20,
-    "rmsprop": 20,
-    "adafactor": 12,
-}
-
-
 def bench_one(case, tree_name, model, grads, args, log):
     params = eqx.filter(model, eqx.is_array)
     leaves = jax.tree.leaves(params)
@@ -532,160 +350,14 @@ def round_plan(args, tree_name):
     return rounds, math.ceil(args["step_reps"] / rounds) if rounds else 0
 
 
-def geometric_mean(xs):
-    xs = [x for x in xs if x > 0 and math.isfinite(x)]
-    return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else math.nan
-
-
-def summarise(result):
-    """Adds `median_ms`, `ratio` (and `roofline` for the one-big tree) to a result.
-
-    Every number is taken round by round and then combined with a geometric
-    mean: a variant's time is the mean of its per-round medians, and its ratio
-    the mean of its per-round ratios to Optax. Steps run slower in later rounds
-    (every compile makes the process's later executables slower), so pooling the
-    samples of all rounds would give a two-humped sample whose median jumps
-    between the humps.
-    """
-    samples = result["samples_s"]
-    # Without step timings there is nothing to chunk: any size serves.
-    per_round = {"step": max(1, result["step_reps_per_round"])}
-
-    def chunks(values, metric):
-        size = per_round.get(metric, 1)
-        return [values[i : i + size] for i in range(0, len(values), size)]
-
-    median_ms = {}
-    ratio = {}
-    for lib in LIBRARIES:
-        median_ms[lib], ratio[lib] = {}, {}
-        for metric, by_clock in samples[lib].items():
-            median_ms[lib][metric], ratio[lib][metric] = {}, {}
-            for clock, values in by_clock.items():
-                mine = [statistics.median(c) for c in chunks(values, metric)]
-                base = [
-                    statistics.median(c)
-                    for c in chunks(samples["optax"][metric][clock], metric)
-                ]
-                median_ms[lib][metric][clock] = 1e3 * geometric_mean(mine)
-                ratio[lib][metric][clock] = geometric_mean(
-                    [a / b for a, b in zip(mine, base, strict=True)]
-                )
-    result["median_ms"] = median_ms
-    result["ratio"] = ratio
-    if "bandwidth_GBps" in result:
-        floor_ms = (
-            1e3
-            * BYTES_PER_PARAM[result["case"]]
-            * result["params"]
-            / (result["bandwidth_GBps"] * 1e9)
-        )
-        result["roofline"] = {
-            lib: median_ms[lib]["step"]["wall"] / floor_ms for lib in LIBRARIES
-        }
-    return result
-
-
-# ---------------------------------------------------------------------------
-# Output
-# ---------------------------------------------------------------------------
-
-
-def fmt_ms(x):
-    if math.isnan(x):
-        return "-"
-    if x >= 100:
-        return f"{x:.0f}"
-    if x >= 10:
-        return f"{x:.1f}"
-    if x >= 1:
-        return f"{x:.2f}"
-    return f"{x:.3f}"
-
-
-def fmt_ratio(x):
-    return "-" if math.isnan(x) else f"{x:.2f}"
-
-
-def fmt_count(n):
-    if n >= 1e6:
-        return f"{n / 1e6:.1f}M"
-    if n >= 1e3:
-        return f"{n / 1e3:.0f}k"
-    return str(n)
-
-
-def table(results):
-    header = (
-        "case",
-        "tree",
-        "leaves",
-        "params",
-        "step eqopt",
-        "step bucketed",
-        "step packed",
-        "step A/A",
-        "compile eqopt",
-        "compile bucketed",
-        "compile packed",
-        "compile A/A",
-        "roofline optax / eqopt / bucketed / packed",
-        "step ms optax",
-        "compile ms optax",
-    )
-    rows = []
-    for r in results:
-        ratio, ms = r["ratio"], r["median_ms"]
-        roofline = r.get("roofline")
-        rows.append(
-            (
-                r["case"],
-                r["tree"],
-                str(r["leaves"]),
-                fmt_count(r["params"]),
-                fmt_ratio(ratio["eqopt"]["step"]["wall"]),
-                fmt_ratio(ratio["eqopt-bucketed"]["step"]["wall"]),
-                fmt_ratio(ratio["eqopt-packed"]["step"]["wall"]),
-                fmt_ratio(ratio["optax-aa"]["step"]["wall"]),
-                fmt_ratio(ratio["eqopt"]["compile"]["wall"]),
-                fmt_ratio(ratio["eqopt-bucketed"]["compile"]["wall"]),
-                fmt_ratio(ratio["eqopt-packed"]["compile"]["wall"]),
-                fmt_ratio(ratio["optax-aa"]["compile"]["wall"]),
-                "-"
-                if roofline is None
-                else " / ".join(
-                    fmt_ratio(roofline[lib])
-                    for lib in ("optax", "eqopt", "eqopt-bucketed", "eqopt-packed")
-                ),
-                fmt_ms(ms["optax"]["step"]["wall"]),
-                fmt_ms(ms["optax"]["compile"]["wall"]),
-            )
-        )
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
-    numeric = set(range(2, len(header)))
-
-    def line(cells):
-        return (
-            "| "
-            + " | ".join(
-                c.rjust(w) if i in numeric else c.ljust(w)
-                for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-            )
-            + " |"
-        )
-
-    out = [line(header)]
-    out.append(
-        "|"
-        + "|".join(
-            "-" * (w + 1) + ":" if i in numeric else "-" * (w + 2)
-            for i, w in enumerate(widths)
-        )
-        + "|"
-    )
-    out.extend(line(row) for row in rows)
-    return "\n".join(out)
-
+from bench_report import (  # noqa: E402
+    fmt_count as fmt_count,
+    fmt_ms as fmt_ms,
+    fmt_ratio as fmt_ratio,
+    geometric_mean as geometric_mean,
+    summarise as summarise,
+    table as table,
+)
 
 QUICK = {
     "mlp_in": 256,

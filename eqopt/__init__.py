@@ -70,7 +70,11 @@ if _TYPE_CHECKING:
         partition as partition,
     )
     from ._current import current_hyperparams as current_hyperparams
-    from ._entry import PerformanceHint as PerformanceHint
+    from ._entry import (
+        PerformanceHint as PerformanceHint,
+        init_entry as init_entry,
+        update_entry as update_entry,
+    )
     from ._filters import FilterSpec as FilterSpec
     from ._fused._bucketed import (
         Bucketed as Bucketed,
@@ -170,7 +174,7 @@ if _TYPE_CHECKING:
         add_decayed_weights as add_decayed_weights,
     )
 
-    # L-BFGS and line searches (issue 7).
+    # L-BFGS and line searches.
     from ._transform.lbfgs import (
         ScaleByLBFGS as ScaleByLBFGS,
         ScaleByLBFGSState as ScaleByLBFGSState,
@@ -390,7 +394,7 @@ if _TYPE_CHECKING:
     from .tree import map_params as tree_map_params  # noqa: F401 (Optax's name)
 
     # isort: split
-    # Adafactor, trust ratios and per-block scaling (issue 7).
+    # Adafactor, trust ratios and per-block scaling.
     from ._transform.block import (
         AdaptiveGradClip as AdaptiveGradClip,
         ClipByBlockRms as ClipByBlockRms,

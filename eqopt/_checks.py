@@ -96,7 +96,9 @@ def _check_leaves(updates, leaves, reference_leaves, name, reference_name) -> No
 
 
 @no_type_check
-def check_structure(updates: Any, params: Any, shapes: bool = True) -> None:
+def check_structure(
+    updates: Any, params: Any, shapes: bool = True, unpacks: bool = False
+) -> None:
     """The input check every `update` entry runs first: `updates` match `params`.
 
     Run by the `update` entry (`eqopt/_entry.py`) before an `update` method's
@@ -106,7 +108,8 @@ def check_structure(updates: Any, params: Any, shapes: bool = True) -> None:
     the first leaf of another shape. With `shapes=False` (a transform taking
     per-example updates, which have a batch axis) only the structure is
     checked. Nothing to check when `params` is `None`, nor when one of the
-    trees is packed and the other not (the packed adapter unpacks them). When
+    trees is packed and the other not and the transform `unpacks` them (the
+    packed adapter does); for one that runs on the buffers that is an error. When
     `updates` is not a tree of inexact arrays (a state passed as `updates`,
     say), the type check of `updates` says what is wrong instead, which is more
     to the point.
@@ -127,8 +130,8 @@ def check_structure(updates: Any, params: Any, shapes: bool = True) -> None:
         return
     if first_non_inexact(updates) is not None:
         return
-    if contains_packed(updates) != contains_packed(params):
-        # Packed updates for unpacked params (or the reverse): the transforms that
-        # take them unpack them; the others are given unpacked trees.
+    if unpacks and contains_packed(updates) != contains_packed(params):
+        # Packed updates for unpacked params (or the reverse): the adapter
+        # unpacks them for this transform.
         return
     check_updates(updates, params)

@@ -206,8 +206,14 @@ class Chain(_AbstractNamedTuple, AbstractGradientTransformation):
         gradients, frozen = updates, None
         new_states = []
         for transform, part_state in zip(self.transforms, state.states, strict=True):
-            updates, part_state = transform.update(
-                _drop(updates, frozen), part_state, _drop(params, frozen), **extra_args
+            # Called on the class: `transform.update` would build a bound-method
+            # Module for each part at every eager step.
+            updates, part_state = type(transform).update(
+                transform,
+                _drop(updates, frozen),
+                part_state,
+                _drop(params, frozen),
+                **extra_args,
             )
             new_states.append(part_state)
             frozen = _union(frozen, _frozen_by(transform, reference))

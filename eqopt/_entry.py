@@ -12,37 +12,38 @@ class ScaleByAdam(AbstractGradientTransformation):
 ```
 
 and the decorator is all that runs between the caller and the method's body.
-In order, for `update` (`init` is the same without steps 3 and 4):
+In order, for `update`:
 
 1. **Hyperparameters weakly typed** (`eqopt._hyper.weak_hyperparameters`): a
    NumPy or strongly-typed scalar hyperparameter never promotes a `bfloat16`
    computation. Already-weak leaves are kept, so nested transforms pay a
    flatten and nothing more.
-2. **The type check** of the method's annotations (`eqopt._typecheck`):
-   jaxtyping and beartype, built on the first call, one short error.
-3. **`float0` gradients dropped**: `jax.grad(..., allow_int=True)` gives them
+2. **`float0` gradients dropped**: `jax.grad(..., allow_int=True)` gives them
    for integer leaves; they mean "no gradient", as `None` does.
-4. **The structure check** (`eqopt._checks.check_structure`), when the
+3. **The structure check** (`eqopt._checks.check_structure`), when the
    transform's `params` are shaped like its updates: one error naming the first
    place where the trees differ or the first leaf of another shape, before any
    per-leaf code runs.
-5. **Packed params meet the one adapter** (`_call_unpacked`): a transform that
-   neither runs on packed buffers nor handles them itself
+4. **Packed params meet the one adapter** (`_update`, `_call_unpacked`): a
+   transform that neither runs on packed buffers nor handles them itself
    (`AbstractGradientTransformation.runs_on_buffers`, `.handles_packed`) is
    given the unpacked model and its updates are packed again. (Its `init` is
    given the unpacked model too, and marks the quantised moments it makes as
    moments of cut leaves: `eqopt._quantize.without_lookup`.) Everything else
    about storage (bucketed state, quantised moments, ZeRO splits, master
    weights) is held by the state and the wrappers: the entry does not know them.
+5. **The type check** of the method's annotations (`eqopt._typecheck`):
+   jaxtyping and beartype, built on the first call, one short error.
+
+Steps 3 and 5 run when the call comes from outside eqopt
+(`eqopt._typecheck.called_from_eqopt`): a chain calling its parts passes on
+what its own entry checked. `init` runs steps 1, 4 and 5, and gives the
+`eqopt.PerformanceHint` (once per process) when called from outside eqopt.
 
 An input error (an `eqopt.ArgumentTypeError`, or the `ValueError` of a
 path check) is raised again from the outermost entry's frame, so a user's
 traceback shows their call and one message, not every transform it went
 through. Set `EQOPT_FULL_TRACEBACKS=1` to keep every frame.
-
-The `init` entry also gives the `eqopt.PerformanceHint` (once per process),
-from the outermost `init` only: an `init` called by another `init` (a chain's
-parts) is known by the caller's frame.
 """
 
 import functools
@@ -70,6 +71,8 @@ from ._typecheck import (
     ArgumentValueError,
     call_error,
     called_from_eqopt,
+    caller_is_eqopt,
+    checked,
     typechecker,
 )
 
@@ -102,8 +105,37 @@ def _checker(method: Callable) -> Callable:
     return check
 
 
+@checked
 def init_entry(method: _Method) -> _Method:
-    """Decorates a transform's `init`: what runs before it, in order, is in this module's docstring."""
+    """Decorates a transform's `init`: the entry of every eqopt transform's `init`.
+
+    Before the method's body: the transform's hyperparameters weakly typed (a
+    number never promotes `bfloat16`), the method's annotations checked when
+    the call comes from outside eqopt, packed params (`eqopt.pack`)
+    unpacked for a transform that does not run on buffers, and the
+    `eqopt.PerformanceHint` of the outermost `init`. Use it on the `init`
+    of your own transforms (see "Writing your own transform").
+
+    !!! example
+
+        ```python
+        class Doubled(eqopt.AbstractGradientTransformation):
+            @property
+            def elementwise(self) -> bool:
+                return True
+
+            @eqopt.init_entry
+            def init(self, params):
+                return eqopt.EmptyState()
+
+            @eqopt.update_entry
+            def update(self, updates, state, params=None, **extra_args):
+                return eqopt.leafwise(lambda g: 2 * g, updates), state
+
+        opt = Doubled()
+        updates, state = opt.update(grads, opt.init(model), model)
+        ```
+    """
     check = _checker(method)
 
     @functools.wraps(method)
@@ -111,18 +143,11 @@ def init_entry(method: _Method) -> _Method:
         self = weak_hyperparameters(self)
         if called_from_eqopt(1):
             # A part's `init`, called by its chain or wrapper.
-            if not (self.handles_packed or self.runs_on_buffers) and contains_packed(
-                params
-            ):
-                return without_lookup(method(self, unpack_all(params)))
-            return method(self, params)
-        try:
+            return _init(method, self, params)
+        if not caller_is_eqopt(1):  # the outermost `init`
             _hint_bucketing(self, params)
-            if not (self.handles_packed or self.runs_on_buffers) and contains_packed(
-                params
-            ):
-                return without_lookup(check(self, unpack_all(params)))
-            return check(self, params)
+        try:
+            return _init(check, self, params)
         except _INPUT_ERRORS as error:
             if _FULL_TRACEBACKS:
                 raise
@@ -132,33 +157,36 @@ def init_entry(method: _Method) -> _Method:
     return init  # pyright: ignore[reportReturnType]
 
 
+@checked
 def update_entry(method: _Method) -> _Method:
-    """Decorates a transform's `update`: what runs before it, in order, is in this module's docstring."""
+    """Decorates a transform's `update`: the entry of every eqopt transform's `update`.
+
+    Before the method's body: the transform's hyperparameters weakly typed,
+    `float0` gradients dropped, and, when the call comes from outside eqopt,
+    the method's annotations checked and `updates` checked against `params`
+    (one error naming the first leaf that differs); packed params
+    (`eqopt.pack`) are unpacked for a transform that does not run on
+    buffers, and its updates packed again. Use it on the `update` of your own
+    transforms (see "Writing your own transform").
+    """
     check = _checker(method)
 
     @functools.wraps(method)
     def update(self, updates, state, params=None, **extra_args):
         self = weak_hyperparameters(self)
+        # (Dropped at every entry: eqopt's own callers of a whole optimiser, a
+        # `TrainState` or a ZeRO plan, pass the user's gradients on.)
+        updates = drop_float0(updates)
         if called_from_eqopt(1):
             # A part's `update`, called by its chain or wrapper with what the
-            # outer entry checked. (`float0` is dropped again: eqopt's own
-            # callers of a whole optimiser, a `TrainState` or a ZeRO plan, pass
-            # the user's gradients on.)
-            updates = drop_float0(updates)
-            if not (self.handles_packed or self.runs_on_buffers) and contains_packed(
-                updates, params
-            ):
-                return _call_unpacked(method, self, updates, state, params, extra_args)
-            return method(self, updates, state, params, **extra_args)
+            # outer entry checked.
+            return _update(method, self, updates, state, params, extra_args)
         try:
-            updates = drop_float0(updates)
             if self.params_like_updates:
-                check_structure(updates, params, not self.per_example_updates)
-            if not (self.handles_packed or self.runs_on_buffers) and contains_packed(
-                updates, params
-            ):
-                return _call_unpacked(check, self, updates, state, params, extra_args)
-            return check(self, updates, state, params, **extra_args)
+                check_structure(
+                    updates, params, not self.per_example_updates, _unpacks(self)
+                )
+            return _update(check, self, updates, state, params, extra_args)
         except _INPUT_ERRORS as error:
             if _FULL_TRACEBACKS:
                 raise
@@ -171,6 +199,28 @@ def update_entry(method: _Method) -> _Method:
 # ---------------------------------------------------------------------------
 # Packed params: the one adapter
 # ---------------------------------------------------------------------------
+
+
+def _unpacks(transform: Any) -> bool:
+    # A transform that neither runs on packed buffers nor passes them on.
+    return not (transform.handles_packed or transform.runs_on_buffers)
+
+
+@no_type_check
+def _init(init, self, params):
+    """`init(self, params)`, given the unpacked model where the transform unpacks."""
+    if _unpacks(self) and contains_packed(params):
+        # Its moments are of leaves cut from the buffers: see `without_lookup`.
+        return without_lookup(init(self, unpack_all(params)))
+    return init(self, params)
+
+
+@no_type_check
+def _update(update, self, updates, state, params, extra_args):
+    """`update(self, updates, state, params)`, through the adapter where it unpacks."""
+    if _unpacks(self) and contains_packed(updates, params):
+        return _call_unpacked(update, self, updates, state, params, extra_args)
+    return update(self, updates, state, params, **extra_args)
 
 
 @no_type_check

@@ -61,7 +61,6 @@ EXPORTS: dict[str, tuple[str, ...]] = {
         "partition",
     ),
     "._current": ("current_hyperparams",),
-    "._entry": ("PerformanceHint",),
     "._filters": ("FilterSpec",),
     "._fused._bucketed": (
         "Bucketed",
@@ -86,6 +85,11 @@ EXPORTS: dict[str, tuple[str, ...]] = {
         "OptaxTransformation",
         "from_optax",
         "to_optax",
+    ),
+    "._entry": (
+        "PerformanceHint",
+        "init_entry",
+        "update_entry",
     ),
     "._leafwise": (
         "leafwise",

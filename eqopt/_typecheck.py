@@ -248,20 +248,24 @@ def call_error(
 CHECK_CALLS_FROM_EQOPT = False
 
 
-def called_from_eqopt(depth: int) -> bool:
+def caller_is_eqopt(depth: int) -> bool:
     """Whether the caller `depth` frames above this function's caller is eqopt's own code.
 
     Frames of Equinox (a method bound to a Module is called through it) are
     passed over.
     """
-    if CHECK_CALLS_FROM_EQOPT:
-        return False
     frame = sys._getframe(depth + 1)
     name = frame.f_globals.get("__name__", "")
     while name.startswith("equinox.") and frame.f_back is not None:
         frame = frame.f_back
         name = frame.f_globals.get("__name__", "")
     return name.startswith("eqopt.")
+
+
+def called_from_eqopt(depth: int) -> bool:
+    """Whether to skip the check of a call: made by eqopt's own code, and the
+    checks of such calls are off (`CHECK_CALLS_FROM_EQOPT`)."""
+    return not CHECK_CALLS_FROM_EQOPT and caller_is_eqopt(depth + 1)
 
 
 def _check_and_trim(fn: Callable, checked: Callable, args: tuple, kwargs: dict) -> Any:

@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         (
             "eqopt",
             "eqopt._exports",
+            "eqopt._backend",
             "eqopt._typecheck",
             "eqopt._leaves",
             "eqopt._layer_axes",

@@ -1,7 +1,7 @@
 """Splitting a flat buffer into its leaves: one kernel per shape, one pass for the gradient.
 
 Two costs made a training step through `Packed.unpack` slower than Optax's
-per-leaf step (issue 18), and both are fixed here.
+per-leaf step; both are avoided here.
 
 - **The gradient.** The transpose of one slice is a pad to the whole buffer,
   and the gradient of one slice per leaf was a sum of one pad per leaf: work,

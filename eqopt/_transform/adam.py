@@ -28,6 +28,18 @@ Moments = Updates
 _cast = cast_moment
 
 
+def _per_dtype(scalars: list) -> Any:
+    """`scalars` cast to a dtype, once per dtype (`debias` casts per leaf)."""
+    cast: dict = {}
+
+    def in_dtype(dtype):
+        if dtype not in cast:
+            cast[dtype] = [x.astype(dtype) for x in scalars]
+        return cast[dtype]
+
+    return in_dtype
+
+
 def _second_moment_zeros(params, dtype):
     # |g|^2 is real, so the second moment is stored in the real dtype (float32
     # for complex64 params), unless a dtype (or a quantised format) is asked for.
@@ -134,12 +146,21 @@ class ScaleByAdam(AbstractGradientTransformation):
         **extra_args: Any,
     ) -> tuple[Updates, ScaleByAdamState]:
         b1, b2, eps, eps_root = self.b1, self.b2, self.eps, self.eps_root
+        # Fields read once, not per leaf (an attribute of a Module is Python code).
+        nesterov, mu_dtype_field, nu_dtype_field = (
+            self.nesterov,
+            self.mu_dtype,
+            self.nu_dtype,
+        )
         count = safe_int32_increment(state.count)
         # Scalars computed once per step, not once per leaf.
         one_minus_b1, one_minus_b2 = 1 - b1, 1 - b2
         correction1, correction2 = 1 - b1**count, 1 - b2**count
-        if self.nesterov:
-            next_correction1 = 1 - b1 ** safe_int32_increment(count)
+        corrections = [correction1, correction2]
+        if nesterov:
+            corrections.append(1 - b1 ** safe_int32_increment(count))
+        # The corrections in each leaf dtype, cast once per step (`debias`'s cast).
+        in_dtype = _per_dtype(corrections)
 
         @no_type_check
         def step(g, mu, nu):
@@ -150,18 +171,19 @@ class ScaleByAdam(AbstractGradientTransformation):
             # order gave the first leaf of each shape a kernel of its own.
             mu = b1 * mu + one_minus_b1 * g
             nu = b2 * nu + one_minus_b2 * abs_squared(g)
-            if self.nesterov:
-                mu_hat = b1 * debias(mu, next_correction1) + debias(
-                    one_minus_b1 * g, correction1
+            if nesterov:
+                scaled = one_minus_b1 * g
+                mu_hat = b1 * (mu / in_dtype(mu.dtype)[2]) + (
+                    scaled / in_dtype(scaled.dtype)[0]
                 )
             else:
-                mu_hat = debias(mu, correction1)
-            nu_hat = debias(nu, correction2)
+                mu_hat = mu / in_dtype(mu.dtype)[0]
+            nu_hat = nu / in_dtype(nu.dtype)[1]
             update = mu_hat / (eps + jnp.sqrt(eps_root + nu_hat))
             return (
                 update,
-                _cast(mu, self.mu_dtype or mu_dtype),
-                _cast(nu, self.nu_dtype or nu_dtype),
+                _cast(mu, mu_dtype_field or mu_dtype),
+                _cast(nu, nu_dtype_field or nu_dtype),
             )
 
         updates, mu, nu = leafwise(

@@ -216,13 +216,14 @@ def with_extra_args_support(tx: Any) -> AbstractGradientTransformation:
 
 
 @no_type_check
-def _scale_leaf(g, factor):
+def _scaled(updates, factor):
+    """`leafwise` of `factor * g`, `factor` made an array once, not per leaf."""
     factor = jnp.asarray(factor)
     if factor.weak_type:
-        return factor * g
+        return leafwise(lambda g: factor * g, updates)
     # A strongly-typed factor (a schedule's output, a vmapped sweep) must not
     # promote a bfloat16 update to float32.
-    return factor.astype(g.dtype) * g
+    return leafwise(lambda g: factor.astype(g.dtype) * g, updates)
 
 
 @checked
@@ -257,7 +258,7 @@ class Scale(AbstractGradientTransformation):
         params: Params | None = None,
         **extra_args: Any,
     ) -> tuple[Updates, EmptyState]:
-        return leafwise(lambda g: _scale_leaf(g, self.step_size), updates), state
+        return _scaled(updates, self.step_size), state
 
 
 @checked
@@ -358,7 +359,7 @@ class ScaleByLearningRate(AbstractGradientTransformation):
                 lambda g: jnp.asarray(step_size, dtype=g.dtype) * g, updates
             )
         else:
-            updates = leafwise(lambda g: _scale_leaf(g, step_size), updates)
+            updates = _scaled(updates, step_size)
         return updates, new_state
 
 

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
+from .._backend import eigh_one_at_a_time
 from .._base import AbstractGradientTransformation, Params, Updates, is_none
 from .._combine import Chain
 from .._entry import init_entry, update_entry
@@ -358,11 +359,7 @@ class ScaleByShampoo(AbstractGradientTransformation):
                     jnp.concatenate(matrices) if len(matrices) > 1 else matrices[0]
                 )
                 root_of = functools.partial(self._root, exponent=exponent)
-                if self.root_method != "newton" and jax.default_backend() == "cpu":
-                    # One eigendecomposition at a time on a CPU: jaxlib's batched
-                    # `eigh` waits for tasks it queues on the thread pool that
-                    # runs the program, and with every worker waiting the step
-                    # hung (5 of 8 runs of the zoo's Shampoo on 2 cores).
+                if self.root_method != "newton" and eigh_one_at_a_time():
                     root, error = jax.lax.map(root_of, stacked)
                 else:
                     root, error = jax.vmap(root_of)(stacked)

@@ -1,0 +1,40 @@
+"""The backend-dependent choices of eqopt, each with the measurement that made it.
+
+Everything else runs the same program on every backend. A choice made here is
+read at trace time (`jax.default_backend()`), so a program compiled for one
+backend never runs the other's code.
+"""
+
+from typing import no_type_check
+
+import jax
+
+
+@no_type_check
+def decodes_by_lookup(bits: int) -> bool:
+    """Whether stored 8-bit dynamic-map codes of a quantised moment are decoded
+    by a lookup in the map rather than arithmetically.
+
+    On CPU, at 8 bits: XLA runs the gather as a pass of its own that writes the
+    values once, where the arithmetic was repeated in each of the three kernels
+    that read a moment (its block maxima, the update, the new codes): an 8-bit
+    Adam step takes 0.7-0.8 of the time (`benchmarks/lowbit_bench.py`). Not at
+    4 bits (the lookup made the step 1.7-2.4 times as long). Off CPU,
+    arithmetic: fused into each kernel, it costs no memory traffic (on an H100
+    the lookup was no faster). Both give the map's values to float32's last
+    bit (the arithmetic's differs for 66 of the 256 8-bit codes). A moment of a
+    leaf cut from a packed buffer never looks up (`QuantizedArray.lookup`).
+    """
+    return bits == 8 and jax.default_backend() == "cpu"
+
+
+@no_type_check
+def eigh_one_at_a_time() -> bool:
+    """Whether a stack of eigendecompositions (Shampoo's roots) runs one at a time.
+
+    On CPU: jaxlib's batched `eigh` waits for tasks it queues on the thread
+    pool that runs the program, and with every worker waiting the step hung
+    (5 of 8 runs of the zoo's Shampoo on 2 cores; 0 of 8 one at a time, with
+    `lax.map`).
+    """
+    return jax.default_backend() == "cpu"
