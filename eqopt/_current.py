@@ -1,7 +1,7 @@
 """Reading the hyperparameters an optimiser uses now: scheduled ones at the state's step."""
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -132,12 +132,12 @@ def _step_count(transform: Any, name: str, state: Any) -> Array:
     if isinstance(count, ScaleByScheduleState):
         return count.count
     if _is_count(count):
-        return count
+        return cast(Array, count)
     held = [k for k, v in values.items() if isinstance(v, ScaleByScheduleState)]
     named = [k for k, v in values.items() if k.endswith("_count") and _is_count(v)]
     for candidates in (held, named):
         if len(candidates) == 1:
-            value = values[candidates[0]]
+            value = cast(Any, values[candidates[0]])
             return value.count if candidates is held else value
     several = held if len(held) > 1 else named
     what = (
