@@ -52,6 +52,31 @@ def hidden_matrices(model, value):
     return eqx.tree_at(lambda m: m.blocks, spec, blocks)
 
 
+def with_adamw_for_vectors(preconditioner, model):
+    """`preconditioner` on the weights of the `Linear` layers, AdamW on every other
+    leaf: the embedding and position table, biases and normalisations.
+
+    Kronecker-factored preconditioners are for weight matrices: a vector or a
+    normalisation's scale gains nothing from a factor, and an embedding's
+    factor over its tokens costs a `(vocab, vocab)` matrix.
+    """
+    is_linear = lambda x: isinstance(x, eqx.nn.Linear)  # noqa: E731
+
+    def label(node):
+        labels = jax.tree.map(lambda _: "adamw", node)
+        if is_linear(node):
+            labels = eqx.tree_at(lambda layer: layer.weight, labels, "matrices")
+        return labels
+
+    return eqopt.partition(
+        {
+            "matrices": preconditioner,
+            "adamw": eqopt.adamw(LEARNING_RATE, weight_decay=WEIGHT_DECAY),
+        },
+        jax.tree.map(label, model, is_leaf=is_linear),
+    )
+
+
 def adam_mini_blocks(model):
     """The paper's partition: queries and keys by head, every other matrix by output
     neuron (rows of a `Linear`) or token (rows of the embedding and readout), and
@@ -91,7 +116,7 @@ def make_optimizers(model):
             adam_learning_rate=lr,
             adam_weight_decay=wd,
         ),
-        "SOAP": eqopt.contrib.soap(lr, weight_decay=wd),
+        "SOAP": with_adamw_for_vectors(eqopt.contrib.soap(lr, weight_decay=wd), model),
         # Adam grafting (SGD grafting would need SGD's learning rate) with
         # SOAP's b2 = 0.95 (Shampoo's Adam grafting has no bias correction, so
         # b2 = 0.999 takes huge first steps); roots every 10 steps, as SOAP
@@ -103,7 +128,7 @@ def make_optimizers(model):
             weight_decay=wd,
             preconditioning_compute_steps=10,
         ),
-        "Kron": eqopt.contrib.kron(lr, weight_decay=wd),
+        "Kron": with_adamw_for_vectors(eqopt.contrib.kron(lr, weight_decay=wd), model),
         "MARS-AdamW": eqopt.contrib.mars_adamw(lr, weight_decay=wd),
         "cautious AdamW": eqopt.chain(
             eqopt.cautious(eqopt.scale_by_adam(), descent=False),

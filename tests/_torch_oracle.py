@@ -5,7 +5,7 @@ from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
-import pytest
+from _oracles import import_oracle
 
 
 def torch_steps(
@@ -20,7 +20,7 @@ def torch_steps(
     (optional) receives the optimiser and the tensors once the first gradients are
     set, to adjust its state.
     """
-    torch = pytest.importorskip("torch")
+    torch = import_oracle("torch")
     # Parameters, so that an oracle built from a torch module can hold these tensors.
     tensors = {
         k: torch.nn.Parameter(torch.tensor(np.asarray(v, np.float64)))

@@ -150,20 +150,97 @@ def test_adaptive_grad_clip_clips_per_unit():
     np.testing.assert_allclose(updates["w"][:, 1], 0.5, rtol=1e-5)
 
 
-def test_adaptive_grad_clip_axis_on_an_equinox_mlp():
-    """`axis=-1` gives one unit per output neuron of `eqx.nn.Linear` (out, in)."""
+class _Net(eqx.Module):
+    """Layers of every kind the default units read, and a bare array."""
+
+    conv: eqx.nn.Conv2d
+    conv3d: eqx.nn.Conv3d
+    embedding: eqx.nn.Embedding
+    norm: eqx.nn.LayerNorm
+    attention: eqx.nn.MultiheadAttention
+    mlp: eqx.nn.MLP
+    table: jax.Array  # a bare (in, out) array: Optax's convention
+
+    def __init__(self, key):
+        keys = jax.random.split(key, 6)
+        self.conv = eqx.nn.Conv2d(3, 5, 3, key=keys[0])
+        self.conv3d = eqx.nn.Conv3d(2, 4, 2, key=keys[1])
+        self.embedding = eqx.nn.Embedding(7, 6, key=keys[2])
+        self.norm = eqx.nn.LayerNorm(6)
+        self.attention = eqx.nn.MultiheadAttention(2, 6, key=keys[3])
+        self.mlp = eqx.nn.MLP(6, 3, 8, 2, key=keys[4])
+        self.table = jax.random.normal(keys[5], (4, 3))
+
+
+def _agc_reference(g, p, norm_axes, clipping, eps):
+    """The paper's rule in numpy, for units whose norm is over `norm_axes`."""
+    g, p = np.asarray(g, np.float64), np.asarray(p, np.float64)
+    g_norm = np.sqrt(np.sum(g**2, axis=norm_axes, keepdims=True))
+    max_norm = clipping * np.maximum(
+        np.sqrt(np.sum(p**2, axis=norm_axes, keepdims=True)), eps
+    )
+    return np.where(g_norm < max_norm, g, g * max_norm / np.maximum(g_norm, 1e-6))
+
+
+def test_adaptive_grad_clip_units_are_output_neurons_of_equinox_layers():
+    """With `axis=None`: a unit per output neuron or channel of each Equinox
+    layer, read from the layer; other leaves as Optax."""
+    model = _Net(jax.random.key(0))
+    params = eqx.filter(model, eqx.is_array)
+    grads = jax.tree.map(
+        lambda x: 3.0 * jax.random.normal(jax.random.key(x.size), x.shape), params
+    )
+    clipping, eps = 0.2, 1e-3
+    tx = eqopt.adaptive_grad_clip(clipping, eps=eps)
+    updates, _ = tx.update(grads, tx.init(model), model)
+
+    attention = [
+        lambda m, name=name: getattr(m.attention, name).weight
+        for name in ("query_proj", "key_proj", "value_proj", "output_proj")
+    ]
+    # (where, the axes of one unit's norm): written out by hand from each layout.
+    expected_axes = [
+        (lambda m: m.conv.weight, (1, 2, 3)),  # (out, in, h, w): per output channel
+        (lambda m: m.conv3d.weight, (1, 2, 3, 4)),  # 5-D, per output channel
+        (lambda m: m.embedding.weight, (0,)),  # (tokens, features): per feature
+        *[(where, (1,)) for where in attention],  # Linear (out, in): per row
+        *[(lambda m, i=i: m.mlp.layers[i].weight, (1,)) for i in range(3)],
+        (lambda m: m.table, (0,)),  # a bare array: Optax's (in, out), per column
+        (lambda m: m.conv.bias, None),  # (out, 1, 1): one unit, as in Optax
+        (lambda m: m.norm.weight, None),  # vectors: one unit
+        (lambda m: m.mlp.layers[0].bias, None),
+    ]
+    for where, axes in expected_axes:
+        expected = _agc_reference(where(grads), where(params), axes, clipping, eps)
+        np.testing.assert_allclose(where(updates), expected, rtol=2e-5, atol=1e-7)
+        assert not np.allclose(where(updates), where(grads))  # something was clipped
+
+
+def test_adaptive_grad_clip_explicit_axis_wins_on_equinox_layers():
     mlp = eqx.nn.MLP(3, 2, 4, 1, key=jax.random.key(0))
     grads = jax.tree.map(
         lambda x: 100.0 * jnp.ones_like(x), eqx.filter(mlp, eqx.is_array)
     )
-    tx = eqopt.adaptive_grad_clip(0.1, axis=-1)
-    updates, _ = tx.update(grads, tx.init(mlp), mlp)
-    for layer, update in zip(mlp.layers, updates.layers, strict=True):
-        row_norms = np.linalg.norm(np.asarray(update.weight), axis=-1)
-        weight_norms = np.linalg.norm(np.asarray(layer.weight), axis=-1)
-        np.testing.assert_allclose(
-            row_norms, 0.1 * np.maximum(weight_norms, 1e-3), rtol=1e-5
-        )
+
+    def clipped(tx):
+        return tx.update(grads, tx.init(mlp), mlp)[0]
+
+    by_default = clipped(eqopt.adaptive_grad_clip(0.1))
+    # `axis=-1` is the norm over the inputs of `(out, in)`: the default's units.
+    by_rows = clipped(eqopt.adaptive_grad_clip(0.1, axis=-1))
+    # `axis=0` is Optax's rule on this layout: one unit per input.
+    by_columns = clipped(eqopt.adaptive_grad_clip(0.1, axis=0))
+    for layer, default, rows, columns in zip(
+        mlp.layers, by_default.layers, by_rows.layers, by_columns.layers, strict=True
+    ):
+        np.testing.assert_allclose(default.weight, rows.weight, rtol=1e-6)
+        for update, axis in ((rows, -1), (columns, 0)):
+            np.testing.assert_allclose(
+                np.linalg.norm(np.asarray(update.weight), axis=axis),
+                0.1
+                * np.maximum(np.linalg.norm(np.asarray(layer.weight), axis=axis), 1e-3),
+                rtol=1e-5,
+            )
 
 
 def test_adaptive_grad_clip_errors_name_the_leaf():

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _oracles import import_oracle
 from _torch_oracle import eqopt_steps, max_difference, random_problem, torch_steps
 from helpers import Case, as_dict, make_model, random_grads
 
@@ -47,9 +48,7 @@ SHAPES = {"w": (6, 4), "b": (4,), "s": ()}
 
 
 def _pytorch_optimizer():
-    return pytest.importorskip(
-        "pytorch_optimizer", reason="the cautious oracle is pytorch-optimizer"
-    )
+    return import_oracle("pytorch_optimizer", "pytorch-optimizer")
 
 
 def test_cautious_lion_matches_pytorch_optimizer():
@@ -118,8 +117,8 @@ def test_cautious_mars_matches_pytorch_optimizer():
 
 def test_rescaling_follows_the_paper_not_heavyball():
     """Paper (Algorithm 2) and pytorch-optimizer: d / (nnz + 1); heavyball: d / nnz."""
-    torch = pytest.importorskip("torch")
-    utils = pytest.importorskip("heavyball.utils", reason="heavyball is the oracle")
+    torch = import_oracle("torch")
+    utils = import_oracle("heavyball.utils", "heavyball")
     g = np.array([1.0, -1.0, 2.0, 0.5, -3.0, 1.0], np.float32)
     direction = np.array([1.0, 1.0, 1.0, -1.0, -2.0, 4.0], np.float32)
     tx = eqopt.cautious(

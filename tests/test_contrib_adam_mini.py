@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _oracles import import_oracle
 from _torch_oracle import eqopt_steps, max_difference, random_problem, torch_steps
 from helpers import Case, make_model, spec_like
 
@@ -48,10 +49,8 @@ def test_adam_mini_matches_pytorch_optimizer():
     """pytorch-optimizer's rules (the authors' first release): embeddings per
     coordinate, queries by head, everything else one block per tensor, no weight
     decay on norms."""
-    po = pytest.importorskip(
-        "pytorch_optimizer", reason="the Adam-mini oracle is pytorch-optimizer"
-    )
-    torch = pytest.importorskip("torch")
+    po = import_oracle("pytorch_optimizer", "pytorch-optimizer")
+    torch = import_oracle("torch")
     params, grads = random_problem(SHAPES, 8)
 
     def make(tensors):

@@ -4,6 +4,7 @@ pytorch-optimizer's MARS, and the paper's first step."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _oracles import import_oracle
 from _torch_oracle import eqopt_steps, max_difference, random_problem, torch_steps
 from helpers import Case
 
@@ -37,9 +38,7 @@ SHAPES = {"w": (6, 4), "b": (4,), "s": ()}
 
 
 def _torch_mars(mars_type, lr, weight_decay, betas=(0.95, 0.99), gamma=0.025, eps=1e-8):
-    pytorch_optimizer = pytest.importorskip(
-        "pytorch_optimizer", reason="the MARS oracle is pytorch-optimizer"
-    )
+    pytorch_optimizer = import_oracle("pytorch_optimizer", "pytorch-optimizer")
 
     def make(tensors):
         return pytorch_optimizer.MARS(

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _oracles import import_oracle
 from _training import make_mlp, train
 from helpers import Case, make_model, spec_like
 
@@ -375,8 +376,8 @@ def test_polar_express_is_the_papers_iteration(shape, steps):
 def test_polar_express_against_heavyball():
     """heavyball's msign iterates the paper's safe table but normalises by ||G||_F
     without the paper's factor 1.01; with the same normalisation they agree."""
-    torch = pytest.importorskip("torch")
-    utils = pytest.importorskip("heavyball.utils", reason="heavyball is the oracle")
+    torch = import_oracle("torch")
+    utils = import_oracle("heavyball.utils", "heavyball")
     g = np.asarray(jax.random.normal(jax.random.key(4), (9, 14)), np.float64)
     theirs = utils.msign(torch.tensor(g), steps=5).numpy()
     same_start = _orthogonalised(jnp.asarray(g), utils.ABC_LIST_STABLE[:5])
@@ -388,8 +389,8 @@ def test_polar_express_against_heavyball():
 def test_pytorch_optimizer_polar_express_table_differs_from_the_paper():
     """pytorch-optimizer's "polar_express" rows are another fit (safety 1e-2 in the
     fitting), not the paper's published table; eqopt uses the paper's."""
-    matrix = pytest.importorskip(
-        "pytorch_optimizer.optimizer.utils.matrix", reason="pytorch-optimizer"
+    matrix = import_oracle(
+        "pytorch_optimizer.optimizer.utils.matrix", "pytorch-optimizer"
     )
     theirs = np.asarray(matrix.NS_COEFFICIENTS["polar_express"][:5])
     paper = np.asarray(PAPER_TABLE[:5]) / np.array([1.01, 1.01**3, 1.01**5])

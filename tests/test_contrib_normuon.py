@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _oracles import import_oracle
 from _torch_oracle import eqopt_steps, max_difference, random_problem, torch_steps
 from helpers import Case, make_model, spec_like
 
@@ -64,10 +65,8 @@ def _rows(x):
 def _oracle(monkeypatch, update_scale="match_rms", **kwargs):
     """pytorch-optimizer's NorMuon on every matrix, its Newton-Schulz in float64
     (its default is bfloat16, which would hide any difference under rounding)."""
-    po = pytest.importorskip(
-        "pytorch_optimizer", reason="the NorMuon oracle is pytorch-optimizer"
-    )
-    torch = pytest.importorskip("torch")
+    po = import_oracle("pytorch_optimizer", "pytorch-optimizer")
+    torch = import_oracle("torch")
     from pytorch_optimizer.optimizer.muon import base, normuon
     from pytorch_optimizer.optimizer.utils import matrix
 

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _oracles import import_oracle
 
 from eqopt._quantize import (
     QuantizedArray,
@@ -57,10 +58,7 @@ def test_dynamic_map_is_the_papers_definition(bits):
 
 @pytest.mark.parametrize("bits,exponent_bits", [(8, 7), (4, 3)])
 def test_dynamic_map_matches_bitsandbytes(bits, exponent_bits):
-    try:
-        import bitsandbytes.functional as bnb_functional
-    except Exception as error:  # noqa: BLE001 (any import failure: CPU-only builds vary)
-        pytest.skip(f"bitsandbytes does not import here: {error}")
+    bnb_functional = import_oracle("bitsandbytes.functional", "bitsandbytes")
     reference = bnb_functional.create_dynamic_map(
         signed=True, max_exponent_bits=exponent_bits, total_bits=bits
     ).numpy()

@@ -3,6 +3,7 @@
 A block is one leaf of the model: a weight matrix, a bias vector, a kernel.
 """
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, ClassVar, no_type_check
 
@@ -22,6 +23,7 @@ from .._base import (
 )
 from .._entry import init_entry, update_entry
 from .._hyper import Scalar, as_scalar, check_hyperparameter
+from .._layer_axes import layer_leaves
 from .._leafwise import leafwise, require_params
 from .._numerics import abs_squared, tree_l2_norm
 from .._typecheck import checked
@@ -213,10 +215,15 @@ def clip_by_block_rms(threshold: Any) -> ClipByBlockRms:
 
 
 @no_type_check
-def _unit_axes(x, axis):
-    """The axes reduced to get one norm per unit, or "no rule" (see AdaptiveGradClip)."""
+def _unit_axes(x, axis, layer_inputs=None):
+    """The axes reduced to get one norm per unit, or "no rule" (see AdaptiveGradClip).
+
+    `layer_inputs` are the input axes of the Equinox layer the leaf is a weight
+    of (`None` for any other leaf)."""
     if axis is not None:
         return axis
+    if layer_inputs is not None:  # one unit per output neuron or channel
+        return layer_inputs
     if jnp.squeeze(x).ndim <= 1:  # scalars and vectors (even as 1 x n): one unit
         return None
     if x.ndim in (2, 3):  # linear layers (in, out) or multi-head (in, heads, out)
@@ -228,13 +235,37 @@ def _unit_axes(x, axis):
     return "no rule"
 
 
-def _check_unit_axes(u: Any, axis: Any, path: Any) -> None:
-    if _unit_axes(u, axis) == "no rule":
+@dataclasses.dataclass(frozen=True)
+class _LayerInputs:
+    """A pytree leaf holding the input axes of a weight's Equinox layer (or `None`)."""
+
+    axes: tuple[int, ...] | None
+
+
+def _layer_inputs(updates: Any) -> Any:
+    """A tree shaped like `updates`: the input axes of each leaf's Equinox layer."""
+    described = layer_leaves(updates)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(updates, is_leaf=is_none)
+    out = []
+    for path, u in flat:
+        leaf = described.get(path)
+        if u is None:
+            out.append(None)
+        elif leaf is not None and leaf.is_matrix:
+            out.append(_LayerInputs(leaf.input_axes))
+        else:
+            out.append(_LayerInputs(None))
+    return jax.tree.unflatten(treedef, out)
+
+
+def _check_unit_axes(u: Any, axis: Any, layer_inputs: Any, path: Any) -> None:
+    if _unit_axes(u, axis, layer_inputs) == "no rule":
         raise ValueError(
             f"adaptive_grad_clip: the update at {path_str(path)} has shape "
             f"{tuple(u.shape)}; without `axis` only leaves of up to 5 dimensions "
-            "have a rule for their units. Pass `axis=` (the axes of one unit's "
-            "norm), or leave this leaf out with `eqopt.masked`."
+            "(or weights of a known Equinox layer) have a rule for their units. "
+            "Pass `axis=` (the axes of one unit's norm), or leave this leaf out "
+            "with `eqopt.masked`."
         )
     axes = (axis,) if isinstance(axis, int) else (axis or ())
     if any(not -u.ndim <= a < u.ndim for a in axes):
@@ -271,28 +302,37 @@ class AdaptiveGradClip(AbstractGradientTransformation):
     $$
 
     where $i$ runs over units and the norms are Frobenius norms over a unit's
-    elements. With `axis=None` the units follow the layouts of Optax and
-    Haiku/Flax (input axes first, output axis last): a scalar or a vector
-    (also shaped `1 x n`) is one unit; a 2-D or 3-D leaf has one unit per
-    index of its trailing axes (the norm is over axis 0); a 4-D (5-D) kernel
-    has one unit per output channel (the norm is over axes 0-2, 0-3). Other
-    ranks need `axis`.
+    elements. As in the paper, a unit is one output neuron (or channel) of a
+    layer: the norm is over the axes the layer contracts with its input.
 
-    !!! note "Equinox layouts"
-        `eqx.nn.Linear` stores its weight as `(out, in)` and `eqx.nn.Conv` as
-        `(out, in, *kernel)`, with the output axis first. Optax's default
-        therefore takes the norm over the outputs for each input there. For
-        per-output-neuron clipping as in the paper, pass `axis=-1` for an MLP
-        (the norm over the inputs), or combine two `adaptive_grad_clip`s under
-        `eqopt.partition` for mixed layouts. The default is Optax's, so
-        ported code gives the same numbers.
+    **Units with `axis=None`.** A weight of a known Equinox layer is read as
+    the layer uses it (as Muon's orientation is): an `eqx.nn.Linear` weight
+    `(out, in)`, so also in an `eqx.nn.MLP` and in the projections of an
+    `eqx.nn.MultiheadAttention`, has one unit per row (the norm is over axis
+    1); an `eqx.nn.Conv*` or `eqx.nn.ConvTranspose*` weight `(out, in,
+    *kernel)` one per output channel (the norm is over axes 1 onwards, for any
+    number of spatial axes); `eqx.nn.GRUCell` and `eqx.nn.LSTMCell` weights
+    one per gate unit; an `eqx.nn.Embedding` weight `(tokens, features)` one
+    per feature (the norm is over the tokens). Every other leaf (a bare
+    array, a bias, a normalisation's scale, a custom module's field) follows
+    the layouts of Optax and Haiku/Flax (input axes first, output axis last):
+    a scalar or a vector (also shaped `1 x n`) is one unit; a 2-D or 3-D leaf
+    has one unit per index of its trailing axes (the norm is over axis 0); a
+    4-D (5-D) kernel has one unit per output channel (the norm is over axes
+    0-2, 0-3). Other ranks need `axis`. An explicit `axis` applies to every
+    leaf, Equinox layer or not.
+
+    This differs from Optax on purpose on an Equinox model: Optax reads every
+    matrix as a Flax `(in, out)` kernel, so on an `eqx.nn.Linear` it takes the
+    norm over the outputs and clips per input. On bare arrays (the dicts of
+    params that Optax code passes) the numbers are Optax's.
 
     **Arguments:**
 
     - `clipping`: $\lambda > 0$, the largest ratio of update norm to weight norm.
     - `eps`: $\epsilon$, so that zero-initialised weights can still move.
     - `axis`: the axis or axes of the per-unit norm, for every leaf; `None` for
-      the rule above.
+      the units above.
 
     **References:** Brock, De, Smith & Simonyan, *High-Performance Large-Scale
     Image Recognition Without Normalization*, ICML 2021.
@@ -326,20 +366,23 @@ class AdaptiveGradClip(AbstractGradientTransformation):
     ) -> tuple[Updates, EmptyState]:
         require_params(params, "adaptive_grad_clip")
         clipping, eps = self.clipping, self.eps
+        # Gradients are Modules of the model's types: they name the layers.
+        layer_inputs = _layer_inputs(updates)
         flat = jax.tree_util.tree_flatten_with_path(updates, is_leaf=is_none)[0]
-        for path, u in flat:
+        inputs_flat = jax.tree.leaves(layer_inputs, is_leaf=is_none)
+        for (path, u), inputs in zip(flat, inputs_flat, strict=True):
             if u is not None:
-                _check_unit_axes(u, self.axis, path)
+                _check_unit_axes(u, self.axis, inputs.axes, path)
 
         @no_type_check
-        def step(u, p):
-            axes = _unit_axes(u, self.axis)
+        def step(u, p, inputs):
+            axes = _unit_axes(u, self.axis, inputs.axes)
             u_norm = _unitwise_norm(u, axes)
             max_norm = clipping * jnp.maximum(_unitwise_norm(p, axes), eps)
             clipped = u * (max_norm / jnp.maximum(u_norm, 1e-6))
             return _sharding.where(u_norm < max_norm, u, clipped).astype(u.dtype)
 
-        return leafwise(step, updates, params), state
+        return leafwise(step, updates, params, layer_inputs), state
 
 
 @checked

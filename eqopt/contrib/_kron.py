@@ -483,6 +483,53 @@ def kron(
         # [(16, 16), (16,)]
         ```
 
+    **On a real model** give Kron the weight matrices and AdamW the rest:
+    biases, normalisation scales and embeddings. A vector gets only a
+    diagonal factor (by default), and an embedding's factor over its tokens
+    is a triangular `(vocab, vocab)` matrix (up to `max_size_triangular`),
+    refitted with triangular solves. Select the weights by layer type and
+    combine the two with `eqopt.partition` (a `MultiheadAttention`'s
+    projections are `Linear`s; an `eqx.nn.Embedding` is not one, so it goes
+    to AdamW). PSGD's update has an RMS of at most 1.1, so AdamW's learning
+    rate suits both groups.
+
+    !!! example "Kron with AdamW for biases, norms and embeddings"
+
+        ```python
+        is_linear = lambda x: isinstance(x, eqx.nn.Linear)
+
+        def label(node):
+            labels = jax.tree.map(lambda _: "adamw", node)
+            if is_linear(node):
+                labels = eqx.tree_at(lambda layer: layer.weight, labels, "kron")
+            return labels
+
+        opt = eqopt.partition(
+            {"kron": eqopt.contrib.kron(1e-3),
+             "adamw": eqopt.adamw(1e-3, weight_decay=1e-2)},
+            jax.tree.map(label, model, is_leaf=is_linear),
+        )
+        state = opt.init(model)
+        updates, state = opt.update(grads, state, model)
+        kron_state = state.inner_states["kron"][0]
+        print([q.shape for q in kron_state.preconditioner.layers[1].weight])
+        # [(16, 16), (16, 16)]
+        ```
+
+    **Compile time.** A jitted Kron step compiles for seconds, not the
+    fraction of a second of AdamW: on a 2-core CPU, the first call of an
+    `eqx.filter_jit` step on a 3-layer `eqx.nn.MLP` (widths 32, 64, 64, 10)
+    took a median of 6.0 s over 5 runs (3.1 to 3.6 s of it XLA compiling,
+    the rest under load), where AdamW's took 1.1 s. Each leaf's refit
+    (factor products, triangular solves and the norm bound, under
+    `lax.cond`) is compiled on its own, so the time grows with the number of
+    leaves. A lower `preconditioner_update_probability` does not shorten it
+    (the refit is compiled once either way); diagonal factors
+    (`memory_save_mode="all_diag"`, no triangular solves) did by about 15%
+    and leaving the biases to AdamW as above by about 10%. Compile once:
+    jit the whole step and pass the optimiser in as an argument, so that a
+    new learning rate does not recompile it.
+
     **Arguments:** `learning_rate` ($\eta$, a number or a schedule),
     `weight_decay` ($\lambda$), `weight_decay_mask` (a filter spec of the
     leaves to decay); the others as for `eqopt.contrib.ScaleByKron`.

@@ -72,9 +72,9 @@ class ScaleByMars(AbstractGradientTransformation):
     `pytorch-optimizer` start from $g_0 = 0$ instead, so their first step
     uses $c_1 = (1 + \gamma \beta_1 / (1 - \beta_1))\, g_1$ (before clipping).
     eqopt follows the paper (`tests/test_contrib_mars.py` shows the
-    difference). For the same reason eqopt divides by
-    $\sqrt{\hat v_t} + \epsilon$, as the paper writes; the authors' code adds
-    $\epsilon$ before the bias correction of $v$.
+    difference). The denominator is $\sqrt{v_t / (1 - \beta_2^t)} +
+    \epsilon$: $\epsilon$ is added after the bias correction of $v$, as in the
+    authors' code and in Adam.
 
     **Arguments:**
 

@@ -325,6 +325,40 @@ def soap(
         print(state[0].eigenbases.layers[1].weight[0].shape)  # (16, 16)
         ```
 
+    **On a real model** give SOAP the weight matrices and AdamW the rest:
+    biases, normalisation scales and embeddings. SOAP's factors are for
+    matrices: a vector would only get SOAP's plain Adam (with its
+    `b2 = 0.95`), and an embedding's factor over its tokens is a `(vocab,
+    vocab)` statistic and eigenbasis (up to `max_precondition_dim`). Select
+    the weights by layer type and combine the two with `eqopt.partition`;
+    the same `label` works for a transformer (a `MultiheadAttention`'s
+    projections are `Linear`s; an `eqx.nn.Embedding` is not one, so it goes
+    to AdamW). Add `eqx.nn.Conv` to `is_linear`'s types for convolutions
+    (with `merge_dims=True` for their kernels).
+
+    !!! example "SOAP with AdamW for biases, norms and embeddings"
+
+        ```python
+        is_linear = lambda x: isinstance(x, eqx.nn.Linear)
+
+        def label(node):
+            labels = jax.tree.map(lambda _: "adamw", node)
+            if is_linear(node):
+                labels = eqx.tree_at(lambda layer: layer.weight, labels, "soap")
+            return labels
+
+        opt = eqopt.partition(
+            {"soap": eqopt.contrib.soap(3e-3),
+             "adamw": eqopt.adamw(3e-3, weight_decay=1e-2)},
+            jax.tree.map(label, model, is_leaf=is_linear),
+        )
+        state = opt.init(model)
+        updates, state = opt.update(grads, state, model)
+        soap_state = state.inner_states["soap"][0]
+        print(soap_state.eigenbases.layers[1].weight[0].shape)  # (16, 16)
+        print(soap_state.eigenbases.layers[1].bias)             # None: AdamW's
+        ```
+
     **Arguments:**
 
     - `learning_rate`: $\eta$, a number or a schedule.
