@@ -1,6 +1,6 @@
 """Which Equinox layer each leaf belongs to, and which of its axes are the layer's input and output.
 
-"The model knows its layers" (DESIGN.md §3). A transform that needs to know
+"The model knows its layers" (docs/design.md, "Whole models are the params"). A transform that needs to know
 which axis of a matrix is its input (Muon's width factor, NorMuon's neurons,
 GaLore's sides, Adam-mini's blocks) reads it here. `eqx.nn.Linear.weight` is
 `(out, in)`, as PyTorch's; Optax's convention for a bare matrix is Flax's
@@ -8,7 +8,9 @@ GaLore's sides, Adam-mini's blocks) reads it here. `eqx.nn.Linear.weight` is
 other leaf is not described, and its transform keeps Optax's convention.
 
 Gradients from `eqx.filter_grad` are Modules of the same types as the model, so
-the `updates` alone are enough (`params` are not needed).
+the `updates` alone are enough (`params` are not needed). A layer stacked with
+`eqx.filter_vmap` (a scanned block) has leading axes on its weights: they are
+neither input nor output (a transform treats them as a batch of matrices).
 
 This module imports only Equinox and JAX.
 """
@@ -76,16 +78,26 @@ def _is_layer_or_none(x: Any) -> bool:
     return x is None or isinstance(x, _KNOWN)
 
 
+def _weight_ndim(layer: Any) -> int:
+    # The number of axes of one (unstacked) layer's weight.
+    if isinstance(layer, (eqx.nn.Conv, eqx.nn.ConvTranspose)):
+        return 2 + layer.num_spatial_dims
+    return 2
+
+
 def _describe(layer: Any, field: str, leaf: Any, heads: int | None) -> LayerLeaf:
     kind = type(layer)
-    ndim = getattr(leaf, "ndim", 0)
-    if isinstance(layer, eqx.nn.Embedding) and field == "weight" and ndim == 2:
+    # Axes before the layer's own are a stack of layers (`eqx.filter_vmap`).
+    lead = getattr(leaf, "ndim", 0) - _weight_ndim(layer)
+    if lead < 0:
+        return LayerLeaf(kind, field)
+    if isinstance(layer, eqx.nn.Embedding) and field == "weight":
         # A lookup is a one-hot row times the weight: tokens in, features out.
-        return LayerLeaf(kind, field, input_axes=(0,), output_axes=(1,))
+        return LayerLeaf(kind, field, input_axes=(lead,), output_axes=(lead + 1,))
     for known, weights in _OUT_IN_WEIGHTS.items():
-        if isinstance(layer, known) and field in weights and ndim >= 2:
-            inputs = tuple(range(1, ndim))
-            return LayerLeaf(kind, field, inputs, (0,), heads)
+        if isinstance(layer, known) and field in weights:
+            inputs = tuple(range(lead + 1, leaf.ndim))
+            return LayerLeaf(kind, field, inputs, (lead,), heads)
     return LayerLeaf(kind, field)
 
 

@@ -5,6 +5,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+import eqopt
 from eqopt._layer_axes import LayerLeaf, layer_leaves
 from eqopt._leaves import path_str
 
@@ -80,3 +81,27 @@ def test_the_paths_are_those_of_a_flattened_tree():
         path for path, _ in jax.tree_util.tree_flatten_with_path(net, is_leaf=None)[0]
     }
     assert set(layer_leaves(net)) <= paths
+
+
+def test_a_stack_of_layers_is_a_batch_of_matrices():
+    """Layers stacked with `eqx.filter_vmap` (a scanned block): the leading axis is
+    neither input nor output, and Muon orthogonalises each layer's matrix alone."""
+    keys = jax.random.split(jax.random.key(0), 3)
+    stacked = eqx.filter_vmap(lambda k: eqx.nn.Linear(8, 16, key=k))(keys)
+    convs = eqx.filter_vmap(lambda k: eqx.nn.Conv2d(2, 4, 3, key=k))(keys)
+    found = _by_name({"linear": stacked, "conv": convs})
+    assert found["['linear'].weight"].input_axes == (2,)
+    assert found["['linear'].weight"].output_axes == (1,)
+    assert found["['conv'].weight"].input_axes == (2, 3, 4)
+    assert found["['conv'].weight"].output_axes == (1,)
+    assert not found["['linear'].bias"].is_matrix
+
+    grads = jax.tree.map(
+        lambda x: jnp.sin(jnp.arange(x.size, dtype=x.dtype)).reshape(x.shape), stacked
+    )
+    opt = eqopt.contrib.scale_by_muon(weight_dimension_numbers=lambda x: x.ndim >= 2)
+    updates, _ = opt.update(grads, opt.init(stacked), stacked)
+    for i in range(3):
+        one = jax.tree.map(lambda x, i=i: x[i], (grads, stacked))
+        alone, _ = opt.update(one[0], opt.init(one[1]), one[1])
+        assert jnp.array_equal(updates.weight[i], alone.weight)
