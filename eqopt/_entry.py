@@ -27,9 +27,9 @@ In order, for `update`:
 4. **Packed params meet the one adapter** (`_update`, `_call_unpacked`): a
    transform that neither runs on packed buffers nor handles them itself
    (`AbstractGradientTransformation.runs_on_buffers`, `.handles_packed`) is
-   given the unpacked model and its updates are packed again. (Its `init` is
-   given the unpacked model too, and marks the quantised moments it makes as
-   moments of cut leaves: `eqopt._quantize.without_lookup`.) Everything else
+   given the unpacked model and its updates are packed again (its `init` is
+   given the unpacked model too); for the call, its quantised moments are
+   marked as moments of cut leaves (`eqopt._quantize.with_lookup`). Everything else
    about storage (bucketed state, quantised moments, ZeRO splits, master
    weights) is held by the state and the wrappers: the entry does not know them.
 5. **The type check** of the method's annotations (`eqopt._typecheck`):
@@ -65,7 +65,7 @@ from ._fused._pack import (
 )
 from ._hyper import weak_hyperparameters
 from ._leaves import InputError, drop_float0, is_none, outside_eqopt
-from ._quantize import is_quantized, without_lookup
+from ._quantize import is_quantized, with_lookup
 from ._typecheck import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -210,8 +210,7 @@ def _unpacks(transform: Any) -> bool:
 def _init(init, self, params):
     """`init(self, params)`, given the unpacked model where the transform unpacks."""
     if _unpacks(self) and contains_packed(params):
-        # Its moments are of leaves cut from the buffers: see `without_lookup`.
-        return without_lookup(init(self, unpack_all(params)))
+        return init(self, unpack_all(params))
     return init(self, params)
 
 
@@ -237,11 +236,15 @@ def _call_unpacked(check, self, updates, state, params, extra_args):
     # 4-bit codes pair elements two to a byte: see `unpack_all`.
     static = any(x.bits == 4 for x in quantized)
     unpacked = unpack_all(updates, static)
-    # (Its quantised moments, made by `init` through this adapter, are never
-    # decoded by a lookup: see `without_lookup`.)
+    # Moments of leaves cut from the buffers are not decoded by a lookup, in
+    # this call only: the state the caller gets back is as it gave it.
+    if quantized:
+        state = with_lookup(state, False)
     new_updates, state = check(
         self, unpacked, state, unpack_all(params, static), **extra_args
     )
+    if quantized:
+        state = with_lookup(state, True)
     # Repack what is shaped like the updates (a measurement, say, is not).
     if jax.tree.structure(new_updates, is_leaf=is_none) != jax.tree.structure(
         unpacked, is_leaf=is_none

@@ -15,8 +15,10 @@ split keep their layout: scalars (counts, hyperparameters), leaves smaller than
 `min_size`, and leaves with no such dimension. A leaf already sharded over the
 axis (the moment of a fully sharded parameter) is left as it is. A quantised
 moment (`eqopt.QuantizedArray`) is split over its blocks, codes and
-scales together, where the number of blocks divides (rank-1 scales, one per
-row and column, stay whole).
+scales together (rank-1 scales, one per row and column, stay whole); where
+the number of blocks does not divide by the axis size, `zero_plan` and
+`shard_state` first pad it with rows that decode to zero (`_padded`), so that
+low-bit state is split like float32 state.
 
 `zero_plan` applies the rule to the params too and reads the state's layout
 from `init` on explicitly sharded stand-ins (`_abstract_state`), so that a
@@ -35,6 +37,7 @@ from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionS
 
 from ._fused._bucketed import Bucketed
 from ._quantize import is_quantized
+from ._quantize._array import _blocks, _with_rows
 from ._typecheck import checked
 
 #: Leaves with fewer elements than this keep their layout by default: splitting
@@ -51,14 +54,50 @@ def _axes(axis: str | Sequence[str]) -> tuple[str, ...]:
     return (axis,) if isinstance(axis, str) else tuple(axis)
 
 
-def _axis_size(mesh: Any, axes: tuple[str, ...]) -> int:
+def _axis_size(mesh: Any, axes: tuple[str, ...], caller: str) -> int:
     sizes = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
     missing = [name for name in axes if name not in sizes]
     if missing:
         raise ValueError(
-            f"the mesh has no axis {missing[0]!r} (its axes are {mesh.axis_names})"
+            f"{caller}: the mesh has no axis {missing[0]!r} (its axes are "
+            f"{tuple(mesh.axis_names)}); pass the data axis to split the state "
+            f"over as `axis=`, for example `{caller}(..., axis="
+            f"{mesh.axis_names[0]!r})`"
         )
     return int(np.prod([sizes[name] for name in axes]))
+
+
+def _padded(tree: Any, size: int, min_size: int) -> Any:
+    """`tree` with each quantised moment of at least `min_size` elements given
+    rows of codes to a multiple of `size` (padding rows past its blocks, which
+    decode to zero, or none where its blocks divide; `_with_rows`).
+
+    Without them, a moment whose block count does not divide the data axis
+    (a 777×1000 weight has 3036 blocks of 256) stayed whole on every device:
+    8-bit Adam then held more bytes per device than float32 Adam. Requantising
+    keeps the rows, so the state keeps this shape from step to step. Works on
+    an abstract state too (`jax.ShapeDtypeStruct` codes and scales).
+    """
+
+    def pad(x):
+        # Rank-1 moments keep their rows: their scales stay whole, and their
+        # codes are decoded whole (cut padding on an explicit axis cannot be).
+        if not is_quantized(x) or x.size < min_size or x.normalization == "rank1":
+            return x
+        rows = -(-_blocks(x) // size) * size
+        if not isinstance(x.codes, jax.ShapeDtypeStruct):
+            return _with_rows(x, rows)
+        if x.codes.shape[0] == rows:
+            return x
+        codes = jax.ShapeDtypeStruct(
+            (rows, x.codes.shape[1]), x.codes.dtype, sharding=x.codes.sharding
+        )
+        scales = jax.ShapeDtypeStruct(
+            (rows,), x.scales.dtype, sharding=x.scales.sharding
+        )
+        return eqx.tree_at(lambda q: (q.codes, q.scales), x, (codes, scales))
+
+    return jax.tree.map(pad, tree, is_leaf=is_quantized)
 
 
 def _entries(sharding: Any, mesh: Any, ndim: int) -> list:
@@ -102,11 +141,11 @@ def _split_leaf(
     return entries, f"no unsharded dimension of {shape} divisible by {size}"
 
 
-def _plan(tree: Any, mesh: Any, axis: str | Sequence[str], min_size: int):
+def _plan(tree: Any, mesh: Any, axis: str | Sequence[str], min_size: int, caller: str):
     """Per array leaf of `tree`: its ZeRO sharding on `mesh` and why it was not
     split (`None` where it was)."""
     axes = _axes(axis)
-    size = _axis_size(mesh, axes)
+    size = _axis_size(mesh, axes, caller)
 
     def leaf_plan(x):
         if is_quantized(x):
@@ -127,7 +166,10 @@ def _plan(tree: Any, mesh: Any, axis: str | Sequence[str], min_size: int):
         blocks = x.codes.shape[0]
         split, reason = _split_leaf((blocks,), entries[:1], axes, size, 0)
         if reason is not None:
-            reason = f"{blocks} blocks of codes, not divisible by {size}"
+            reason = (
+                f"{blocks} blocks of codes, not divisible by {size} "
+                "(`eqopt.zero_plan` and `eqopt.shard_state` pad them)"
+            )
         if x.size < min_size:
             split = entries[:1]
             reason = f"{x.size} elements, fewer than min_size={min_size}"
@@ -198,7 +240,7 @@ def zero_shardings(
     Rajbhandari, Rasley, Ruwase, He, *ZeRO: Memory Optimizations Toward Training
     Trillion Parameter Models*, SC 2020.
     """
-    return _shardings(_plan(state, mesh, axis, min_size))
+    return _shardings(_plan(state, mesh, axis, min_size, "zero_shardings"))
 
 
 @checked
@@ -214,7 +256,7 @@ def zero_unsplit(
 
     Arguments as for `eqopt.zero_shardings`.
     """
-    return dict(_reasons(_plan(state, mesh, axis, min_size)))
+    return dict(_reasons(_plan(state, mesh, axis, min_size, "zero_unsplit")))
 
 
 def constrain(tree: Any, shardings: Any) -> Any:
@@ -265,10 +307,14 @@ def shard_state(
 ) -> Any:
     """`state` laid out on its `eqopt.zero_shardings`: ZeRO-1 for a state built
     already (outside `jit`; to build it straight into this layout without
-    materialising it whole, use `eqopt.zero_plan`).
+    materialising it whole, use `eqopt.zero_plan`). A quantised moment whose
+    block count does not divide the axis size is first padded with rows that
+    decode to zero, as `eqopt.zero_plan` pads it.
 
     Arguments as for `eqopt.zero_shardings`; returns the state.
     """
+    size = _axis_size(mesh, _axes(axis), "shard_state")
+    state = _padded(state, size, min_size)
     return constrain(state, zero_shardings(state, mesh, axis, min_size=min_size))
 
 
@@ -418,7 +464,7 @@ class ZeroPlan(eqx.Module):
         def build(opt_arrays, arrays):
             transform = eqx.combine(opt_arrays, opt_rest)
             state = transform.init(eqx.combine(arrays, rest))
-            state = constrain(state, self.state_shardings)
+            state = constrain(self._padded(state), self.state_shardings)
             dynamic, outside["static"] = eqx.partition(state, eqx.is_array)
             leaves, outside["treedef"] = jax.tree.flatten(dynamic)
             return leaves
@@ -431,8 +477,15 @@ class ZeroPlan(eqx.Module):
 
     def shard(self, state: Any) -> Any:
         """An existing `state` moved onto (outside `jit`) or constrained to (inside)
-        the ZeRO layout."""
-        return constrain(state, self.state_shardings)
+        the ZeRO layout (its quantised moments padded to this plan's rows of
+        codes: a state built by `opt.init`, or padded for another mesh)."""
+        return constrain(self._padded(state), self.state_shardings)
+
+    def _padded(self, state: Any) -> Any:
+        # Rows of codes to a multiple of the axis size (`_padded`); nothing is
+        # computed for a state that has them already.
+        size = _axis_size(self.mesh, _axes(self.axis), "ZeroPlan")
+        return _padded(state, size, self.min_size)
 
     def update(
         self, opt: Any, updates: Any, state: Any, params: Any = None, **extra_args: Any
@@ -450,7 +503,7 @@ class ZeroPlan(eqx.Module):
         # all-reduce with this into a reduce-scatter), so that every array the
         # update combines is laid out alike.
         updates = constrain(updates, self.split_param_shardings)
-        state = constrain(state, self.state_shardings)
+        state = constrain(self._padded(state), self.state_shardings)
         if params is not None:
             params = constrain(params, self.split_param_shardings)
         extra_args = {
@@ -505,10 +558,11 @@ def zero_plan(
     An `eqopt.ZeroPlan`.
     """
     axes = _axes(axis)
+    size = _axis_size(mesh, axes, "zero_plan")
     param_shardings = _shardings_of(params, mesh)
     split_params = zero_shardings(params, mesh, axes, min_size=min_size)
-    abstract = _abstract_state(opt, params, split_params, mesh)
-    plans = _plan(abstract, mesh, axes, min_size)
+    abstract = _padded(_abstract_state(opt, params, split_params, mesh), size, min_size)
+    plans = _plan(abstract, mesh, axes, min_size, "zero_plan")
     state_shardings = _shardings(plans)
     abstract_state = jax.tree.map(
         lambda x, sharding: (

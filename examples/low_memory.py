@@ -7,8 +7,10 @@ an MLP on scikit-learn's digits (`examples/train_digits.py`'s model and data).
 
 - `float32`: AdamW, float32 params and moments (8 bytes of state per param);
 - `8-bit`, `4-bit`: the moments as `eqopt.Quantized(8)` / `eqopt.Quantized(4)`
-  block-wise codes (about 2 and 1 byte per param; 4-bit codes are rounded
-  stochastically);
+  block-wise codes (about 2 and 1 byte per param; rounded stochastically, the
+  default);
+- `8-bit (nearest)`: 8-bit rounded to the nearest code (bitsandbytes'
+  rounding), for contrast;
 - `4-bit rank-1`: 4-bit with rank-1 scales (a maximum per row and per column,
   Li et al.'s choice) for the second moments of the matrices
   (`normalization="rank1"`);
@@ -22,6 +24,7 @@ an MLP on scikit-learn's digits (`examples/train_digits.py`'s model and data).
     python examples/low_memory.py                 # 600 + 400 steps, a few minutes on 2 CPU cores
     python examples/low_memory.py --short --out /tmp/low_memory.png
     python examples/low_memory.py --seeds 10      # digits only, the spread over seeds
+    python examples/low_memory.py --regression 5  # teacher-student regression, 8-bit roundings
 
 Prints the memory table and the final losses, and saves the loss curves.
 """
@@ -55,6 +58,14 @@ def variants(learning_rate, weight_decay):
         (
             "8-bit",
             adamw(mu_dtype=eqopt.Quantized(8), nu_dtype=eqopt.Quantized(8)),
+            jnp.float32,
+        ),
+        (
+            "8-bit (nearest)",
+            adamw(
+                mu_dtype=eqopt.Quantized(8, rounding="nearest"),
+                nu_dtype=eqopt.Quantized(8, rounding="nearest"),
+            ),
             jnp.float32,
         ),
         (
@@ -167,6 +178,91 @@ def seed_study(seeds, steps):
         )
 
 
+# ---------------------------------------------------------------------------
+# Teacher-student regression
+# ---------------------------------------------------------------------------
+
+
+def regression_variants(learning_rate):
+    """(name, optimiser) of the regression study: 8-bit Adam with the default
+    rounding, and rounded to nearest with both moments or one of them in 8 bits."""
+    nearest = eqopt.Quantized(8, rounding="nearest")
+    return [
+        ("float32", eqopt.adam(learning_rate)),
+        (
+            "8-bit",
+            eqopt.adam(
+                learning_rate, mu_dtype=eqopt.Quantized(8), nu_dtype=eqopt.Quantized(8)
+            ),
+        ),
+        (
+            "8-bit (nearest)",
+            eqopt.adam(learning_rate, mu_dtype=nearest, nu_dtype=nearest),
+        ),
+        ("8-bit nu only (nearest)", eqopt.adam(learning_rate, nu_dtype=nearest)),
+        ("8-bit mu only (nearest)", eqopt.adam(learning_rate, mu_dtype=nearest)),
+    ]
+
+
+def regression_loss(model, x, y):
+    return jnp.mean((jax.vmap(model)(x) - y) ** 2)
+
+
+@eqx.filter_jit
+def regression_step(opt, model, state, x, y):
+    loss, grads = eqx.filter_value_and_grad(regression_loss)(model, x, y)
+    updates, state = opt.update(grads, state, model)
+    return eqopt.apply_updates(model, updates), state, loss
+
+
+def train_regression(opt, steps, seed):
+    """A student MLP 40-128-128-10 fitted to a random teacher of the same shape on
+    1024 noisy examples (batches of 64, 50 epochs: it overfits); returns the
+    training losses and the loss on 4096 held-out examples."""
+    keys = jax.random.split(jax.random.key(1000 + seed), 5)
+    teacher = eqx.nn.MLP(40, 10, 128, 2, activation=jnp.tanh, key=keys[0])
+    student = eqx.nn.MLP(40, 10, 128, 2, activation=jnp.tanh, key=keys[1])
+    x = jax.random.normal(keys[2], (5120, 40))
+    y = jax.vmap(teacher)(x) + 0.1 * jax.random.normal(keys[3], (5120, 10))
+    x_train, y_train, x_test, y_test = x[:1024], y[:1024], x[1024:], y[1024:]
+    state = opt.init(student)
+    rng = np.random.default_rng(seed)
+    losses = []
+    for _ in range(steps):
+        index = rng.integers(0, 1024, 64)
+        student, state, loss = regression_step(
+            opt, student, state, x_train[index], y_train[index]
+        )
+        losses.append(float(loss))
+    return np.asarray(losses), float(regression_loss(student, x_test, y_test))
+
+
+def regression_study(seeds, steps):
+    """The teacher-student regression with `seeds` seeds per variant: the gap of
+    each variant's final training and held-out losses to float32 Adam's."""
+    finals, tests = {}, {}
+    for name, opt in regression_variants(1e-3):
+        runs = [train_regression(opt, steps, seed) for seed in range(seeds)]
+        finals[name] = np.asarray([final(losses) for losses, _ in runs])
+        tests[name] = np.asarray([test for _, test in runs])
+    print(
+        f"Teacher-student regression, MLP 40-128-128-10, Adam 1e-3, {steps} steps, "
+        f"seeds 0-{seeds - 1}. Gap = loss / float32's on the same seed - 1."
+    )
+    print(
+        "| variant | final loss, mean | gap, mean (min .. max) | held-out gap, mean (min .. max) |"
+    )
+    print("|---|---|---|---|")
+    for name in finals:
+        gap = 100 * (finals[name] / finals["float32"] - 1)
+        held_out = 100 * (tests[name] / tests["float32"] - 1)
+        print(
+            f"| {name} | {finals[name].mean():.5f} "
+            f"| {gap.mean():+.2f}% ({gap.min():+.2f}% .. {gap.max():+.2f}%) "
+            f"| {held_out.mean():+.2f}% ({held_out.min():+.2f}% .. {held_out.max():+.2f}%) |"
+        )
+
+
 def main():
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--steps", type=int, default=600, help="language-model steps")
@@ -179,7 +275,16 @@ def main():
         default=0,
         help="only the digits task, over this many seeds (the spread of the gaps)",
     )
+    parser.add_argument(
+        "--regression",
+        type=int,
+        default=0,
+        help="only the teacher-student regression, over this many seeds",
+    )
     args = parser.parse_args()
+    if args.regression:
+        regression_study(args.regression, 800)
+        return
     if args.seeds:
         seed_study(args.seeds, args.digits_steps)
         return

@@ -33,6 +33,7 @@ def test_low_memory_example_short(tmp_path):
     assert set(rows) == {
         "float32",
         "8-bit",
+        "8-bit (nearest)",
         "4-bit",
         "4-bit rank-1",
         "4-bit (nearest)",
@@ -62,6 +63,6 @@ def test_low_memory_seed_study_short():
             r"^\| ([^|]+?) \| [\d.]+ ± [\d.]+ \| ([+-][\d.]+)% ± ", stdout, re.M
         )
     }
-    assert len(gaps) == 8 and gaps["float32"] == 0.0, stdout
+    assert len(gaps) == 9 and gaps["float32"] == 0.0, stdout
     # Early in training (loss ~0.2) 8-bit Adam follows float32 within a percent.
     assert abs(gaps["8-bit"]) < 1.0, stdout

@@ -98,8 +98,8 @@ def test_rank1_with_more_axes_takes_the_least_of_every_axis_maximum():
 
 def test_which_leaves_are_rank1():
     """Asked for, rank-1 applies to every leaf with two axes longer than one;
-    vectors keep blocks (Li et al.). Blocks and rounding to nearest at 8 bits,
-    stochastic rounding at 4 bits, are the defaults."""
+    vectors keep blocks (Li et al.). Blocks and stochastic rounding (at 8 bits
+    as at 4) are the defaults."""
     rank1 = eqopt.Quantized(4, normalization="rank1")
     assert rank1.normalization_of((128, 64)) == "rank1"
     assert rank1.normalization_of((8, 16, 16)) == "rank1"
@@ -107,7 +107,8 @@ def test_which_leaves_are_rank1():
     assert rank1.normalization_of((1 << 20,)) == "block"
     four, eight = eqopt.Quantized(4), eqopt.Quantized(8)
     assert four.normalization_of((1024, 512)) == "block"
-    assert four.rounding_in_use == "stochastic" and eight.rounding_in_use == "nearest"
+    assert four.rounding_in_use == eight.rounding_in_use == "stochastic"
+    assert eqopt.Quantized(8, rounding="nearest").rounding_in_use == "nearest"
     params = {"w": jnp.ones((128, 64)), "v": jnp.ones(8192)}
     state = eqopt.adam(1e-3, mu_dtype=four, nu_dtype=rank1).init(params)
     nu, mu = state[0].nu, state[0].mu

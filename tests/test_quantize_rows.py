@@ -66,7 +66,9 @@ def test_moments_in_rows_of_blocks_are_the_leaf_shaped_numbers(name, bits, monke
     update may differ)."""
     if jax.default_backend() != "cpu":
         pytest.skip("the lookup, and so the rows, are CPU's")
-    fmt = eqopt.Quantized(bits, block_size=64, min_size=0)
+    # Rounded to nearest: stochastic rounding (the default) hashes a value's
+    # float bits, so a last bit computed otherwise moves a code by one step.
+    fmt = eqopt.Quantized(bits, block_size=64, min_size=0, rounding="nearest")
     keys = jax.random.split(jax.random.key(0), 6)
     params = {
         "w": jax.random.normal(keys[0], (32, 64)),  # 32 blocks

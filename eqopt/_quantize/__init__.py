@@ -53,8 +53,8 @@ inside `jit` (quantising a large constant stalled XLA's constant folding for
 seconds).
 
 The package, lowest first: `_format` (the `eqopt.Quantized` format),
-`_codec` (the maps, rounding, 4-bit packing), `_backend_choice` (the CPU lookup
-decoding of 8-bit codes, with its measured reason), `_array` (the
+`_codec` (the maps, rounding, 4-bit packing, and whether codes are decoded by a
+lookup: the backend's part of that choice is `eqopt._backend`), `_array` (the
 `eqopt.QuantizedArray` type, quantising and requantising), `_tree` (moment
 trees: `moment_like`, `cast_moment`, `dequantize_all`), `_call` (the per-leaf
 call `call_dequantized` and its kernels in rows of blocks).
@@ -83,7 +83,6 @@ from ._array import (
     is_quantized as is_quantized,
     requantize_all as requantize_all,
 )
-from ._backend_choice import _looks_up as _looks_up
 from ._call import (
     _block_rows as _block_rows,
     _call_in_rows as _call_in_rows,
@@ -97,6 +96,7 @@ from ._codec import (
     _encode as _encode,
     _encode_dynamic as _encode_dynamic,
     _encode_stochastic as _encode_stochastic,
+    _looks_up as _looks_up,
     _pack_nibbles as _pack_nibbles,
     _unpack_nibbles as _unpack_nibbles,
     decoding_table as decoding_table,
@@ -113,5 +113,5 @@ from ._tree import (
     dequantize_all as dequantize_all,
     moment_like as moment_like,
     quantized_on_buffers as quantized_on_buffers,
-    without_lookup as without_lookup,
+    with_lookup as with_lookup,
 )

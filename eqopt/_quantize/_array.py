@@ -12,8 +12,7 @@ from jaxtyping import Array, ArrayLike, Float, UInt8
 
 from .._sharding import gathered
 from .._typecheck import checked
-from ._backend_choice import _looks_up
-from ._codec import _decode, _encode, _pack_nibbles, _unpack_nibbles
+from ._codec import _decode, _encode, _looks_up, _pack_nibbles, _unpack_nibbles
 
 
 @checked
@@ -26,8 +25,11 @@ class QuantizedArray(eqx.Module):
     crosses `jit` as its two arrays.
 
     **Fields:** `codes` (uint8, the flattened moment in rows of `block_size`
-    elements; two 4-bit codes per byte), `scales` (float32: with `"block"`
-    normalisation one per row of codes, the block's absolute maximum; with
+    elements; two 4-bit codes per byte; rows past the moment's last block,
+    if any, are padding: `eqopt.zero_plan` adds them so that the rows divide
+    by the data axis, and requantising keeps them), `scales` (float32: with
+    `"block"` normalisation one per row of codes, the block's absolute
+    maximum, zero on a padding row; with
     `"rank1"` the maxima of every slice along each axis, concatenated: a
     matrix's row maxima, then its column maxima), and static `shape`, `dtype`
     (of the dequantised array), `bits`, `kind` (`"dynamic"` or `"linear"`: a
@@ -35,8 +37,9 @@ class QuantizedArray(eqx.Module):
     linear map without zero), `normalization` (`"block"` or `"rank1"`),
     `rounding` (`"nearest"` or `"stochastic"`, for the next quantisation) and
     `lookup` (whether the codes may be decoded by a lookup in the map where the
-    backend makes that the faster way, `eqopt._quantize._backend_choice`; a
-    moment of a leaf cut from a packed buffer is not: see `without_lookup`).
+    backend makes that the faster way, `eqopt._backend.decodes_by_lookup`; a
+    moment of a leaf cut from a packed buffer is not, for the packed adapter's
+    call: see `with_lookup`).
     """
 
     codes: UInt8[Array, "blocks width"]
@@ -89,9 +92,14 @@ class QuantizedArray(eqx.Module):
         # Block normalisation: the values flattened, the padding cut from the
         # codes and scales before decoding (cut after, the decoded rows were a
         # float32 temporary of their own).
-        unit = self._decoded(self.codes, self.size)
-        rows = (self.scales.shape[0], self.block_size)
-        scales = jnp.broadcast_to(self.scales[:, None], rows).reshape(-1)
+        codes, scales = self.codes, self.scales
+        if codes.shape[0] * self.block_size != self.size:
+            # Cut below: a cut of codes split over an explicit axis (padding
+            # rows under ZeRO) has no shape JAX can reshape, so gather first.
+            (codes, _), (scales, _) = gathered(codes), gathered(scales)
+        unit = self._decoded(codes, self.size)
+        rows = (scales.shape[0], self.block_size)
+        scales = jnp.broadcast_to(scales[:, None], rows).reshape(-1)
         return self._values(unit * scales[: self.size])
 
     def _values(self, scaled: Array) -> Array:
@@ -384,11 +392,49 @@ def _quantized_rows(olds, news, cut):
         )
         return _joined(first, last)
 
-    # The new moment keeps the old one's way of decoding (`lookup`).
+    # The new moment keeps the old one's way of decoding (`lookup`) and its
+    # rows of codes (padding rows past the moment's blocks, `_with_rows`).
     return [
-        _with_lookup(quantized(index, old, new), old.lookup)
+        _with_rows(
+            _with_lookup(quantized(index, old, new), old.lookup), old.codes.shape[0]
+        )
         for index, (old, new) in enumerate(zip(olds, news, strict=True))
     ]
+
+
+@no_type_check
+def _blocks(x):
+    """The rows of codes that hold `x`'s elements (without padding rows)."""
+    return -(-x.size // x.block_size)
+
+
+@no_type_check
+def _with_rows(x, rows):
+    """`x` with `rows` rows of codes: padding rows (codes zero, block scales zero,
+    so they decode to zero) added past its blocks, or cut off, to that count.
+
+    Padding lets a moment whose block count does not divide a mesh axis be
+    split over it like its float32 counterpart (`eqopt.zero_plan`). The
+    moment's elements and their codes are the same either way: blocks are
+    cut and rounded by position from the first row, and the padding is never
+    read (decoding cuts the codes to `size`).
+    """
+    rows = max(rows, _blocks(x))
+    if x.codes.shape[0] == rows:
+        return x
+    extra = rows - x.codes.shape[0]
+    if extra < 0:
+        codes, scales = x.codes[:rows], x.scales
+        if x.normalization != "rank1":
+            scales = scales[:rows]
+    else:
+        codes = jnp.concatenate(
+            [x.codes, jnp.zeros((extra, x.codes.shape[1]), x.codes.dtype)]
+        )
+        scales = x.scales
+        if x.normalization != "rank1":
+            scales = jnp.concatenate([scales, jnp.zeros((extra,), scales.dtype)])
+    return eqx.tree_at(lambda q: (q.codes, q.scales), x, (codes, scales))
 
 
 @no_type_check

@@ -7,7 +7,7 @@ import equinox as eqx
 
 from .._sharding import explicit_sharding
 from ._array import _quantized_rows, _rows, is_quantized, requantize_all
-from ._backend_choice import _looks_up
+from ._codec import _looks_up
 from ._tree import dequantize_all
 
 
@@ -17,7 +17,8 @@ def _block_rows(u: Any, rest: Any) -> int | None:
     blocks: where a quantised moment of `rest` is decoded by a lookup
     (`_looks_up`), every quantised moment is block-normalised with that block
     size, the other arrays of `rest` are shaped like `u`, and nothing is
-    sharded over an explicit axis. `None` otherwise: decoded
+    sharded over an explicit axis (a moment may have padding rows past its
+    blocks: they are neither read nor computed). `None` otherwise: decoded
     arithmetically, a moment fuses into each kernel that reads it in any
     shape (and on the leaves cut from a packed buffer rows made the step 1.2
     times as long)."""
@@ -25,11 +26,13 @@ def _block_rows(u: Any, rest: Any) -> int | None:
     sizes = {x.block_size for x in quantized}
     if len(sizes) != 1 or not eqx.is_array(u) or explicit_sharding(u) is not None:
         return None
+    if any(explicit_sharding(x.codes) is not None for x in quantized):
+        return None  # padded under ZeRO, split where the leaf `u` is not
     if not any(x.kind == "dynamic" and _looks_up(x.bits, x.lookup) for x in quantized):
         return None
     (block,) = sizes
     if any(
-        x.normalization != "block" or x.codes.shape[0] != -(-u.size // block)
+        x.normalization != "block" or x.codes.shape[0] < -(-u.size // block)
         for x in quantized
     ):
         return None
@@ -103,7 +106,8 @@ def _call_in_rows(fn, u, rest, block):
         if x is None:
             return None
         if is_quantized(x):
-            return x._block_values(slice(rows, None))[:, : size - whole]
+            # The last block only (padding rows may follow it: `_with_rows`).
+            return x._block_values(slice(rows, rows + 1))[:, : size - whole]
         return x.reshape(-1)[whole:][None]
 
     def flat(x):

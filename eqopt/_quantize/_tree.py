@@ -61,6 +61,8 @@ def cast_moment(x: Any, dtype: Any) -> Any:
     loop quantises it) or `None`."""
     if dtype is None or is_quantized_format(dtype):
         return x
+    if x.dtype == dtype and not getattr(x, "weak_type", True):
+        return x  # what `astype` gives, without its cost in an eager step
     return x.astype(dtype)
 
 
@@ -83,16 +85,17 @@ def dequantize_all(tree: Any, reference: Any = None) -> Any:
 
 
 @no_type_check
-def without_lookup(tree: Any) -> Any:
-    """`tree` with every `eqopt.QuantizedArray` marked never to be decoded by a lookup.
+def with_lookup(tree: Any, lookup: bool) -> Any:
+    """`tree` with every `eqopt.QuantizedArray`'s `lookup` set to `lookup`.
 
-    For the state of a transform that runs on the leaves cut from packed buffers:
-    there a lookup makes the step 1.7-2.4 times as long (`_backend_choice`).
-    The mark is static and kept by every requantisation, so it is given once, by
-    `init`.
+    `False` for the state of a transform run on the leaves cut from packed
+    buffers (the packed adapter, `eqopt/_entry.py`, sets it for the call and
+    back to `True` after): there a lookup makes the step 1.7-2.4 times as long
+    (`eqopt._backend.decodes_by_lookup`). Requantising keeps the old moment's
+    `lookup`, so the moments made in the call carry it too.
     """
     return jax.tree.map(
-        lambda x: _with_lookup(x, False) if is_quantized(x) else x,
+        lambda x: _with_lookup(x, lookup) if is_quantized(x) else x,
         tree,
         is_leaf=is_quantized,
     )
