@@ -210,6 +210,23 @@ def test_names_optax_deprecates_warn(call, replacement):
     assert caught[0].filename == __file__  # points at the caller
 
 
+@pytest.mark.parametrize(
+    "call, optax_says",
+    [
+        # The sentences Optax's own tests match: Optax code that checks its
+        # warnings ports too.
+        (lambda: eqopt.optimistic_adam(1e-3), "use `optimistic_adam_v2` instead"),
+        (
+            lambda: eqopt.losses.convex_kl_divergence(jnp.zeros(2), jnp.ones(2)),
+            "use generalized_kl_divergence",
+        ),
+    ],
+)
+def test_deprecations_keep_optaxs_sentence(call, optax_says):
+    with pytest.warns(DeprecationWarning, match=optax_says):
+        call()
+
+
 def test_the_deprecated_global_norm_gives_the_same_number():
     tree = {"a": jnp.array([3.0]), "b": jnp.array([4.0])}
     with pytest.warns(DeprecationWarning):

@@ -151,7 +151,7 @@ def optimistic_gradient_descent(
     )
 
 
-@deprecated("`eqopt.optimistic_adam_v2`")
+@deprecated("`eqopt.optimistic_adam_v2`", optax_says="`optimistic_adam_v2`")
 @checked
 def optimistic_adam(
     learning_rate: ScalarLike,

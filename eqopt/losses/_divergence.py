@@ -156,7 +156,9 @@ def generalized_kl_divergence(
     return jnp.sum(terms - targets + jnp.exp(log_predictions), axis=axes)
 
 
-@deprecated("`eqopt.losses.generalized_kl_divergence`")
+@deprecated(
+    "`eqopt.losses.generalized_kl_divergence`", optax_says="generalized_kl_divergence"
+)
 @same_shapes("log_predictions", "targets", "where")
 @checked
 def convex_kl_divergence(
