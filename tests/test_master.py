@@ -30,7 +30,7 @@ TRANSFORM_CASES = [
         lambda: eqopt.master_weights(
             eqopt.adam(1e-2, mu_dtype=eqopt.Quantized(8, 8, 0))
         ),
-        no_parity_reason="quantised first moment; closeness in test_quantize",
+        no_parity_reason="quantised first moment; closeness in test_quantize_moments",
     ),
 ]
 
