@@ -248,18 +248,26 @@ def call_error(
 CHECK_CALLS_FROM_EQOPT = False
 
 
+#: Modules whose calls pass on what the user gave them (an optimiser wrapped for
+#: Optax's protocol, a train state, a ZeRO plan): their calls into eqopt are the
+#: user's, and are checked as such.
+_PASSING_ON_USER_CALLS = frozenset(
+    {"eqopt._interop", "eqopt._train_state", "eqopt._zero"}
+)
+
+
 def caller_is_eqopt(depth: int) -> bool:
     """Whether the caller `depth` frames above this function's caller is eqopt's own code.
 
     Frames of Equinox (a method bound to a Module is called through it) are
-    passed over.
+    passed over; the modules that pass on a user's call do not count.
     """
     frame = sys._getframe(depth + 1)
     name = frame.f_globals.get("__name__", "")
     while name.startswith("equinox.") and frame.f_back is not None:
         frame = frame.f_back
         name = frame.f_globals.get("__name__", "")
-    return name.startswith("eqopt.")
+    return name.startswith("eqopt.") and name not in _PASSING_ON_USER_CALLS
 
 
 def called_from_eqopt(depth: int) -> bool:

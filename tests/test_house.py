@@ -170,6 +170,13 @@ def test_a_users_process_checks_the_boundary_with_a_short_traceback():
             opt.update("not gradients", state, params)
         except eqopt.ArgumentTypeError as error:
             print("update:", error)
+        # An optimiser wrapped for Optax's protocol passes on the user's call:
+        # it is checked as the user's.
+        wrapped = eqopt.to_optax(opt)
+        try:
+            wrapped.update({"w": jnp.ones((2, 3))}, wrapped.init(params), params)
+        except ValueError as error:
+            print("to_optax:", error)
         """
     )
     assert out.returncode == 0, out.stderr
@@ -181,3 +188,4 @@ def test_a_users_process_checks_the_boundary_with_a_short_traceback():
     assert int(counts.group(1)) <= 20 and int(counts.group(2)) <= 3
     assert "['w']" in lines[3] and "(2, 3)" in lines[3] and "(3, 2)" in lines[3]
     assert lines[4].startswith("update: ") and "updates" in lines[4]
+    assert lines[5].startswith("to_optax: ") and "['w']" in lines[5], lines[5]
