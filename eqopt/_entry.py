@@ -53,7 +53,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar, no_type_check
 
 import jax
-import jaxtyping
 
 from ._checks import check_structure
 from ._fused._pack import (
@@ -69,11 +68,10 @@ from ._quantize import is_quantized, with_lookup
 from ._typecheck import (
     ArgumentTypeError,
     ArgumentValueError,
-    call_error,
     called_from_eqopt,
     caller_is_eqopt,
     checked,
-    typechecker,
+    lazily_checked,
 )
 
 _Method = TypeVar("_Method", bound=Callable)
@@ -81,28 +79,6 @@ _Method = TypeVar("_Method", bound=Callable)
 #: The errors re-raised from the outermost entry's frame.
 _INPUT_ERRORS = (ArgumentTypeError, ArgumentValueError, InputError)
 _FULL_TRACEBACKS = os.environ.get("EQOPT_FULL_TRACEBACKS", "") not in ("", "0")
-
-
-@no_type_check
-def _checker(method: Callable) -> Callable:
-    # The method with its annotations checked, built on the first call.
-    built = None
-
-    def check(*args, **kwargs):
-        nonlocal built
-        if built is None:
-            built = jaxtyping.jaxtyped(typechecker=typechecker)(method)
-        try:
-            return built(*args, **kwargs)
-        except TypeError as error:
-            if isinstance(error, _INPUT_ERRORS):
-                raise
-            better = call_error(method, error, args, kwargs, method.__qualname__)
-            if better is None:
-                raise
-            raise better from None
-
-    return check
 
 
 @checked
@@ -136,7 +112,7 @@ def init_entry(method: _Method) -> _Method:
         updates, state = opt.update(grads, opt.init(model), model)
         ```
     """
-    check = _checker(method)
+    check = lazily_checked(method, method.__qualname__)
 
     @functools.wraps(method)
     def init(self, params):
@@ -169,7 +145,7 @@ def update_entry(method: _Method) -> _Method:
     buffers, and its updates packed again. Use it on the `update` of your own
     transforms (see "Writing your own transform").
     """
-    check = _checker(method)
+    check = lazily_checked(method, method.__qualname__)
 
     @functools.wraps(method)
     def update(self, updates, state, params=None, **extra_args):

@@ -276,33 +276,49 @@ def called_from_eqopt(depth: int) -> bool:
     return not CHECK_CALLS_FROM_EQOPT and caller_is_eqopt(depth + 1)
 
 
-def _check_and_trim(fn: Callable, checked: Callable, args: tuple, kwargs: dict) -> Any:
+def run_checked(
+    fn: Callable, checked: Callable, args: tuple, kwargs: dict, owner: str
+) -> Any:
+    """`checked(*args, **kwargs)` (`fn` with its checks), its errors made short.
+
+    A failed check is raised again from here: the checker's own frames tell
+    the user nothing. A call that does not bind gets Python's wording, naming
+    `owner` (`call_error`).
+    """
     try:
         return checked(*args, **kwargs)
     except (ArgumentTypeError, ArgumentValueError) as error:
-        # The checker's own frames tell the user nothing: the error is raised
-        # again from the decorated function's frame.
         raise error.with_traceback(None) from None
     except TypeError as error:
-        better = call_error(fn, error, args, kwargs, fn.__name__)
+        better = call_error(fn, error, args, kwargs, owner)
         if better is None:
             raise
         raise better from None
 
 
-def checked_function(fn: Callable) -> Callable:
-    """`jaxtyped(typechecker=typechecker)(fn)`, built on the first call."""
+def lazily_checked(fn: Callable, owner: str) -> Callable:
+    """`fn` with `jaxtyped(typechecker=typechecker)`, built on the first call,
+    run by `run_checked`."""
+    built: Callable | None = None
 
-    checked: Callable | None = None
+    def check(*args, **kwargs):
+        nonlocal built
+        if built is None:
+            built = jaxtyping.jaxtyped(typechecker=typechecker)(fn)
+        return run_checked(fn, built, args, kwargs, owner)
+
+    return check
+
+
+def checked_function(fn: Callable) -> Callable:
+    """`fn` checked on calls from outside eqopt (`lazily_checked`)."""
+    checked = lazily_checked(fn, fn.__name__)
 
     @functools.wraps(fn)
     def check(*args, **kwargs):
-        nonlocal checked
         if called_from_eqopt(1):
             return fn(*args, **kwargs)
-        if checked is None:
-            checked = jaxtyping.jaxtyped(typechecker=typechecker)(fn)
-        return _check_and_trim(fn, checked, args, kwargs)
+        return checked(*args, **kwargs)
 
     check.__eqopt_checked__ = True  # pyright: ignore[reportAttributeAccessIssue]
     return check
@@ -318,15 +334,7 @@ def _name_call_errors(cls: type, unchecked: Callable) -> None:
     def named(self, *args, **kwargs):
         if called_from_eqopt(1):
             return unchecked(self, *args, **kwargs)
-        try:
-            return init(self, *args, **kwargs)
-        except (ArgumentTypeError, ArgumentValueError) as error:
-            raise error.with_traceback(None) from None
-        except TypeError as error:
-            better = call_error(init, error, (self, *args), kwargs, cls.__name__)
-            if better is None:
-                raise
-            raise better from None
+        return run_checked(init, init, (self, *args), kwargs, cls.__name__)
 
     cls.__init__ = named  # pyright: ignore
 
