@@ -326,11 +326,13 @@ if _TYPE_CHECKING:
         per_example_layer_norm_clip as per_example_layer_norm_clip,
     )
     from ._zero import (
-        ZeroPlan as ZeroPlan,
         shard_state as shard_state,
-        zero_plan as zero_plan,
         zero_shardings as zero_shardings,
         zero_unsplit as zero_unsplit,
+    )
+    from ._zero_plan import (
+        ZeroPlan as ZeroPlan,
+        zero_plan as zero_plan,
     )
     from .losses import (
         convex_kl_divergence as convex_kl_divergence,

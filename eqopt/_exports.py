@@ -317,11 +317,13 @@ EXPORTS: dict[str, tuple[str, ...]] = {
         "per_example_layer_norm_clip",
     ),
     "._zero": (
-        "ZeroPlan",
         "shard_state",
-        "zero_plan",
         "zero_shardings",
         "zero_unsplit",
+    ),
+    "._zero_plan": (
+        "ZeroPlan",
+        "zero_plan",
     ),
     ".losses": (
         "convex_kl_divergence",

@@ -252,7 +252,7 @@ CHECK_CALLS_FROM_EQOPT = False
 #: Optax's protocol, a train state, a ZeRO plan): their calls into eqopt are the
 #: user's, and are checked as such.
 _PASSING_ON_USER_CALLS = frozenset(
-    {"eqopt._interop", "eqopt._train_state", "eqopt._zero"}
+    {"eqopt._interop", "eqopt._train_state", "eqopt._zero_plan"}
 )
 
 

@@ -108,6 +108,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "eqopt._wrappers.*",
             "eqopt.microbatching",
             "eqopt._zero",
+            "eqopt._zero_plan",
         ),
     ),
     (
