@@ -82,6 +82,14 @@ if _TYPE_CHECKING:
         bucketed as bucketed,
     )
     from ._fused._pack import Packed as Packed, pack as pack
+    from ._groups import (
+        Group as Group,
+        InLayer as InLayer,
+        LayerDecay as LayerDecay,
+        in_layer as in_layer,
+        layer_decay as layer_decay,
+    )
+    from ._groups_report import GroupReport as GroupReport
     from ._hyper import (
         Scalar as Scalar,
         ScalarLike as ScalarLike,
@@ -117,6 +125,11 @@ if _TYPE_CHECKING:
         update_infinity_moment as update_infinity_moment,
         update_moment as update_moment,
         update_moment_per_elem_norm as update_moment_per_elem_norm,
+    )
+    from ._param_groups import (
+        ParamGroups as ParamGroups,
+        ParamGroupsState as ParamGroupsState,
+        param_groups as param_groups,
     )
     from ._quantize import Quantized as Quantized, QuantizedArray as QuantizedArray
     from ._scheduled import (

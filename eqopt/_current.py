@@ -1,6 +1,7 @@
 """Reading the hyperparameters an optimiser uses now: scheduled ones at the state's step."""
 
 import dataclasses
+from collections.abc import Hashable
 from typing import Any, cast
 
 import equinox as eqx
@@ -9,7 +10,9 @@ from jaxtyping import Array
 
 from ._base import AbstractGradientTransformation, OptState
 from ._combine import Chain, Partition
+from ._groups import DEFAULT
 from ._hyper import is_hyperparameter_field, weakly_typed
+from ._param_groups import ParamGroups, ParamGroupsState
 from ._scheduled import ScaleByScheduleState
 from ._typecheck import checked
 from ._wrappers.inject import InjectHyperparams, InjectStatefulHyperparams
@@ -84,6 +87,9 @@ def _collect(transform: Any, state: Any, path: tuple[str, ...], found: list) -> 
         for label, part in transform.transforms.items():
             _collect(part, state.inner_states[label], (*path, str(label)), found)
         return
+    if isinstance(transform, ParamGroups):
+        _collect_groups(transform, state, path, found)
+        return
     if isinstance(transform, (InjectHyperparams, InjectStatefulHyperparams)):
         for name, value in state.hyperparams.items():
             schedule = transform.schedules.get(name)
@@ -109,6 +115,39 @@ def _collect(transform: Any, state: Any, path: tuple[str, ...], found: list) -> 
     if len(inner_states) == len(inner):
         for (name, part), part_state in zip(inner, inner_states, strict=True):
             _collect(part, part_state, (*path, name), found)
+
+
+def _collect_groups(
+    transform: ParamGroups, state: ParamGroupsState, path: tuple, found: list
+) -> None:
+    # The optimiser's own hyperparameters, then each group's (each group and
+    # layer's) learning rate and weight decay: the optimiser's times the
+    # multipliers, under one name each (`"head.learning_rate"`).
+    inner = transform.inner(state.assignment)
+    _collect(inner, state.inner, path, found)
+    if isinstance(inner, Partition):
+        branches = {
+            label: (part, state.inner.inner_states[label])
+            for label, part in inner.transforms.items()
+        }
+    else:
+        branches = {DEFAULT: (inner, state.inner)}
+    base: dict[Hashable, dict[str, Any]] = {}
+    for label, (part, part_state) in branches.items():
+        values: list = []
+        _collect(part, part_state, (), values)
+        base[label] = {
+            name: next((v for p, v in values if p[-1] == name), None)
+            for name in ("learning_rate", "weight_decay")
+        }
+    for row in transform.rows(state.assignment):
+        for name, multiplier in (
+            ("learning_rate", row.lr_mult),
+            ("weight_decay", row.wd_mult),
+        ):
+            value = base[row.label][name]
+            if value is not None:
+                found.append(((*path, f"{row.key}.{name}"), value * multiplier))
 
 
 def _is_count(value: Any) -> bool:

@@ -61,6 +61,14 @@ EXPORTS: dict[str, tuple[str, ...]] = {
         "partition",
     ),
     "._current": ("current_hyperparams",),
+    "._groups": (
+        "Group",
+        "InLayer",
+        "LayerDecay",
+        "in_layer",
+        "layer_decay",
+    ),
+    "._groups_report": ("GroupReport",),
     "._filters": ("FilterSpec",),
     "._fused._bucketed": (
         "Bucketed",
@@ -111,6 +119,11 @@ EXPORTS: dict[str, tuple[str, ...]] = {
         "update_infinity_moment",
         "update_moment",
         "update_moment_per_elem_norm",
+    ),
+    "._param_groups": (
+        "ParamGroups",
+        "ParamGroupsState",
+        "param_groups",
     ),
     "._quantize": (
         "Quantized",

@@ -28,6 +28,7 @@ from .._hyper import (
     check_hyperparameter,
 )
 from .._interop import as_transform
+from .._leaf_scales import LeafScales, scale_leaves
 from .._leafwise import leafwise
 from .._numerics import safe_int32_increment
 from .._scheduled import (
@@ -329,9 +330,17 @@ class ScaleByLearningRate(AbstractGradientTransformation):
         default=None, converter=as_optional_scalar_or_schedule
     )
     flip_sign: bool = eqx.field(default=True, static=True)
+    #: Per-leaf multipliers of the rate, set by `eqopt.param_groups` for its call
+    #: (`eqopt._leaf_scales`); `None` otherwise.
+    scales: LeafScales | None = eqx.field(default=None, static=True)
 
     @property
     def elementwise(self) -> bool:
+        return self.scales is None
+
+    @property
+    def runs_on_buffers(self) -> bool:
+        # Per-leaf multipliers are constants over the segments of a buffer.
         return True
 
     def __check_init__(self):
@@ -354,7 +363,10 @@ class ScaleByLearningRate(AbstractGradientTransformation):
         sign = -1 if self.flip_sign else 1
         learning_rate, new_state = current_value(self.learning_rate, state)
         step_size = sign * learning_rate
-        if callable(self.learning_rate):
+        if self.scales is not None:
+            cast = callable(self.learning_rate)
+            updates = scale_leaves(updates, step_size, self.scales, cast=cast)
+        elif callable(self.learning_rate):
             updates = leafwise(
                 lambda g: jnp.asarray(step_size, dtype=g.dtype) * g, updates
             )

@@ -17,7 +17,9 @@ from .._hyper import (
     as_scalar_or_schedule,
     check_hyperparameter,
 )
+from .._leaf_scales import LeafScales, decay_leaves
 from .._leafwise import leafwise
+from .._leaves import is_none
 from .._scheduled import current_value, init_count_if_scheduled
 from .._typecheck import checked
 
@@ -51,6 +53,9 @@ class AddDecayedWeights(AbstractGradientTransformation):
         default=0.0, converter=as_scalar_or_schedule
     )
     mask: FilterSpec | None = None
+    #: Per-leaf multipliers of the decay, set by `eqopt.param_groups` for its
+    #: call (`eqopt._leaf_scales`); `None` otherwise.
+    scales: LeafScales | None = eqx.field(default=None, static=True)
 
     def __check_init__(self):
         check_hyperparameter("weight_decay", self.weight_decay)
@@ -62,7 +67,7 @@ class AddDecayedWeights(AbstractGradientTransformation):
     @property
     def elementwise(self) -> bool:
         # Without a mask every element is treated alike; a mask selects by leaf.
-        return self.mask is None
+        return self.mask is None and self.scales is None
 
     @property
     def runs_on_buffers(self) -> bool:
@@ -95,6 +100,8 @@ class AddDecayedWeights(AbstractGradientTransformation):
         weight_decay, state = current_value(self.weight_decay, state)
         if params is None:  # nothing to decay (an empty group of a partition)
             return updates, state
+        if self.scales is not None:
+            return _decay_scaled(self, weight_decay, updates, params), state
         if self.mask is None:
             return leafwise(lambda g, p: weight_decay * p + g, updates, params), state
         if isinstance(params, Packed) and isinstance(updates, Packed):
@@ -130,6 +137,29 @@ def _decay_packed(mask_spec, weight_decay, updates, params):
         else:
             buffers.append(jnp.where(mask, update + weight_decay * param, update))
     return Packed(buffers=tuple(buffers), rest=updates.rest, layout=updates.layout)
+
+
+def _decay_scaled(transform, weight_decay, updates, params):
+    # Per-leaf multipliers (`eqopt.param_groups`), with the mask if there is one.
+    if isinstance(params, Packed) and isinstance(updates, Packed):
+        if transform.mask is None:
+            selected = (True,) * len(params.buffers)
+        else:
+            unpacked = params.unpack()
+            mask = select_trainable(transform.mask, unpacked, what="weight-decay mask")
+            selected = params.segment_masks(mask)
+        return decay_leaves(updates, params, weight_decay, transform.scales, selected)
+    if contains_packed(updates, params):
+        reference = updates if contains_packed(updates) else params
+        new = _decay_scaled(
+            transform, weight_decay, unpack_all(updates), unpack_all(params)
+        )
+        return repack_like(reference, new)
+    if transform.mask is None:
+        selected = jax.tree.map(lambda _: True, params, is_leaf=is_none)
+    else:
+        selected = select_trainable(transform.mask, params, what="weight-decay mask")
+    return decay_leaves(updates, params, weight_decay, transform.scales, selected)
 
 
 @checked

@@ -1,0 +1,161 @@
+"""The report of parameter groups: who got what, and the rates in use."""
+
+import re
+from typing import Any, NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._current import current_hyperparams
+from ._param_groups import ParamGroups, ParamGroupsState
+from ._typecheck import checked
+
+
+class ReportRow(NamedTuple):
+    """One row of a `eqopt.GroupReport`: a group (a group's leaves in one layer)."""
+
+    group: str
+    layer: int | None
+    paths: tuple[str, ...]
+    size: int
+    lr_mult: float
+    wd_mult: float
+    learning_rate: float | None
+    weight_decay: float | None
+
+
+@checked
+class GroupReport(eqx.Module):
+    """Who got what: made by `eqopt.ParamGroups.report`; `print` it.
+
+    One row per group (per group and layer with layer decay): the paths it took,
+    collapsed where they repeat (`blocks[0-23].norm.weight`), the number of
+    parameters, and the learning rate and weight decay in use at the state's step
+    (the optimiser's values there times the row's multipliers).
+    """
+
+    rows: tuple[ReportRow, ...]
+    step: int | None
+
+    def __str__(self) -> str:
+        layered = any(row.layer is not None for row in self.rows)
+        header = ("group", "layer", "params", "lr", "wd", "paths")
+        table: list[tuple[str, ...]] = [header]
+        for row in self.rows:
+            paths = collapse(row.paths)
+            table.append(
+                (
+                    row.group,
+                    str(row.layer),
+                    f"{row.size:,}",
+                    _number(row.learning_rate, row.lr_mult),
+                    _number(row.weight_decay, row.wd_mult),
+                    paths[0] if paths else "",
+                )
+            )
+            table.extend(("", "", "", "", "", more) for more in paths[1:])
+        # Without layer decay, no layer column.
+        columns = [i for i in range(len(header)) if layered or i != 1]
+        table = [tuple(line[i] for i in columns) for line in table]
+        widths = [max(len(line[i]) for line in table) for i in range(len(columns) - 1)]
+        left = {0, 1} if layered else {0}
+        lines = [
+            "  ".join(
+                [
+                    cell.ljust(w) if i in left else cell.rjust(w)
+                    for i, (cell, w) in enumerate(zip(line[:-1], widths, strict=True))
+                ]
+                + [line[-1]]
+            ).rstrip()
+            for line in table
+        ]
+        total = sum(row.size for row in self.rows)
+        title = f"{len({r.group for r in self.rows})} groups, {total:,} parameters"
+        if self.step is not None:
+            title += f", at step {self.step}"
+        return "\n".join([title, *lines])
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _number(value: float | None, multiplier: float) -> str:
+    if value is None:
+        return f"x{multiplier:g}"
+    return f"{value:.3g}"
+
+
+_INDEX = re.compile(r"\[(\d+)\]")
+
+
+def _ranges(values: list[int]) -> str:
+    values = sorted(set(values))
+    parts, start, previous = [], values[0], values[0]
+    for value in [*values[1:], None]:
+        if value is not None and value == previous + 1:
+            previous = value
+            continue
+        parts.append(str(start) if start == previous else f"{start}-{previous}")
+        if value is not None:
+            start = previous = value
+    return ",".join(parts)
+
+
+def collapse(paths: tuple[str, ...] | list[str]) -> list[str]:
+    """Paths that differ only in their indices, as one: `blocks[0-23].norm.weight`."""
+    by_template: dict[str, list[tuple[int, ...]]] = {}
+    for path in paths:
+        template = _INDEX.sub("[#]", path)
+        by_template.setdefault(template, []).append(
+            tuple(int(i) for i in _INDEX.findall(path))
+        )
+    out = []
+    for template, indices in by_template.items():
+        text = template
+        for position in range(template.count("[#]")):
+            text = text.replace(
+                "[#]", f"[{_ranges([i[position] for i in indices])}]", 1
+            )
+        out.append(text)
+    return out
+
+
+def rows(opt: ParamGroups, state: ParamGroupsState) -> tuple[ReportRow, ...]:
+    """The report's rows: `ParamGroups.rows`, with the rates at the state's step."""
+    values = current_hyperparams(opt, state)
+    out = []
+    for row in opt.rows(state.assignment):
+        rates = {
+            name: values.get(f"{row.key}.{name}")
+            for name in ("learning_rate", "weight_decay")
+        }
+        out.append(
+            ReportRow(
+                group=row.group,
+                layer=row.layer,
+                paths=row.paths,
+                size=row.size,
+                lr_mult=row.lr_mult,
+                wd_mult=row.wd_mult,
+                **{
+                    name: None if value is None else float(np.asarray(value))
+                    for name, value in rates.items()
+                },
+            )
+        )
+    return tuple(out)
+
+
+def _step(state: Any) -> int | None:
+    counts = [
+        x
+        for x in jax.tree.leaves(state)
+        if eqx.is_array(x) and x.ndim == 0 and jnp.issubdtype(x.dtype, jnp.integer)
+    ]
+    return int(counts[0]) if counts else None
+
+
+def report(opt: ParamGroups, state: ParamGroupsState) -> GroupReport:
+    return GroupReport(rows=rows(opt, state), step=_step(state.inner))

@@ -1,0 +1,426 @@
+"""Parameter groups, the transform: `eqopt.ParamGroups` and `eqopt.param_groups`.
+
+Groups that only set multipliers (`lr_mult`, `wd_mult`, layer decay) keep the
+optimiser one optimiser with one state: for each call, its
+`eqopt.ScaleByLearningRate` and `eqopt.AddDecayedWeights` steps hold the
+per-leaf factors (`_with_scales`, `eqopt._leaf_scales`), constants of the
+compiled step. Groups that override a hyperparameter or bring their own
+optimiser are branches of an `eqopt.Partition` (the default group is the
+branch `"default"`), each branch with the multipliers too.
+"""
+
+import dataclasses
+import functools
+from collections.abc import Hashable, Sequence
+from typing import Any, NamedTuple
+
+import equinox as eqx
+import jax
+
+from ._base import AbstractGradientTransformation, OptState, Params, Updates
+from ._combine import Partition
+from ._entry import init_entry, update_entry
+from ._groups import DEFAULT, Assignment, Group, LayerDecay, layer_multiplier, resolve
+from ._hyper import is_hyperparameter_field
+from ._interop import as_transform
+from ._leaf_scales import LeafScales
+from ._transform.basic import ScaleByLearningRate
+from ._transform.decay import AddDecayedWeights
+from ._typecheck import checked
+from ._wrappers.inject import _AbstractInjectHyperparams
+
+
+def _modules(transform: Any) -> list[Any]:
+    """Every Module in a transform's tree, outermost first."""
+    out: list[Any] = []
+
+    def visit(node: Any) -> None:
+        out.append(node)
+        for child in jax.tree.leaves(node, is_leaf=lambda x: _is_child(x, node)):
+            if isinstance(child, eqx.Module):
+                visit(child)
+
+    visit(transform)
+    return out
+
+
+def _is_child(x: Any, node: Any) -> bool:
+    return x is not node and isinstance(x, eqx.Module)
+
+
+def _hyperparameters(transform: Any) -> dict[str, list[Any]]:
+    """The hyperparameter names of a transform, each with the Modules that hold it."""
+    found: dict[str, list[Any]] = {}
+    for module in _modules(transform):
+        for field in dataclasses.fields(module):
+            if is_hyperparameter_field(field):
+                found.setdefault(field.name, []).append(module)
+    return found
+
+
+def _override(transform: Any, values: dict[str, Any]) -> Any:
+    """`transform` with every hyperparameter named in `values` set to it (converted)."""
+
+    def rebuild(node: Any) -> Any:
+        if not isinstance(node, eqx.Module):
+            return node
+        changes = {k: v for k, v in values.items() if k in _names_of(node)}
+        node = jax.tree.map(rebuild, node, is_leaf=lambda x: _is_child(x, node))
+        return dataclasses.replace(node, **changes) if changes else node
+
+    return rebuild(transform)
+
+
+def _names_of(module: Any) -> set[str]:
+    return {f.name for f in dataclasses.fields(module)}
+
+
+class _ScaledFactory:
+    """An injected optimiser's factory whose optimiser gets the groups' multipliers."""
+
+    def __init__(self, factory: Any, lr: LeafScales | None, wd: LeafScales | None):
+        functools.update_wrapper(self, factory)
+        self.factory, self.lr, self.wd = factory, lr, wd
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _with_scales(
+            as_transform(self.factory(*args, **kwargs)), self.lr, self.wd
+        )
+
+
+def _is_scaled_step(x: Any) -> bool:
+    return isinstance(
+        x, (ScaleByLearningRate, AddDecayedWeights, _AbstractInjectHyperparams)
+    )
+
+
+def _with_scales(transform: Any, lr: LeafScales | None, wd: LeafScales | None) -> Any:
+    """`transform` with the per-leaf multipliers on its learning-rate and decay steps."""
+
+    def rewrite(node: Any) -> Any:
+        if isinstance(node, ScaleByLearningRate) and lr is not None:
+            return dataclasses.replace(node, scales=lr)
+        if isinstance(node, AddDecayedWeights) and wd is not None:
+            return dataclasses.replace(node, scales=wd)
+        if isinstance(node, _AbstractInjectHyperparams):
+            factory = _ScaledFactory(node.inner_factory, lr, wd)
+            return eqx.tree_at(lambda n: n.inner_factory, node, factory)
+        return node
+
+    return jax.tree.map(rewrite, transform, is_leaf=_is_scaled_step)
+
+
+class GroupRow(NamedTuple):
+    """A group's leaves (in one layer, with layer decay) and their multipliers."""
+
+    group: str
+    layer: int | None
+    label: str  # the branch that runs them: `"default"` or the group's name
+    paths: tuple[str, ...]
+    size: int
+    lr_mult: float
+    wd_mult: float
+
+    @property
+    def key(self) -> str:
+        """The row's name in `eqopt.current_hyperparams`: `"head"`, `"default.layer3"`."""
+        return self.group if self.layer is None else f"{self.group}.layer{self.layer}"
+
+
+@checked
+class ParamGroupsState(eqx.Module):
+    """The state of `eqopt.ParamGroups`.
+
+    `inner` is the optimiser's state (a `eqopt.PartitionState` keyed by branch
+    when a group overrides a hyperparameter); `assignment`, static, records
+    each leaf's group and layer, resolved at `init`.
+    """
+
+    inner: OptState
+    assignment: Assignment = eqx.field(static=True)
+
+
+@checked
+class ParamGroups(AbstractGradientTransformation):
+    """An optimiser with parameter groups: multipliers and overrides by path or layer type.
+
+    Made by `eqopt.param_groups`, whose docstring says it all.
+    """
+
+    optimiser: AbstractGradientTransformation
+    groups: tuple[Group, ...]
+    branches: dict[str, AbstractGradientTransformation]
+    layer_decay: LayerDecay | None
+    strict: bool = eqx.field(static=True)
+
+    def __init__(
+        self,
+        optimiser: Any,
+        groups: Sequence[Group] = (),
+        layer_decay: LayerDecay | None = None,
+        strict: bool = False,
+    ):
+        self.optimiser = as_transform(optimiser)
+        self.groups = tuple(groups)
+        self.layer_decay = layer_decay
+        self.strict = strict
+        names = [g.name for g in self.groups]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(
+                f"param_groups: the group names {repeated} are used twice: give each "
+                "group its own `name=`."
+            )
+        held = _hyperparameters(self.optimiser)
+        branches = {}
+        for group in self.groups:
+            base = (
+                self.optimiser
+                if group.optimiser is None
+                else as_transform(group.optimiser)
+            )
+            own = held if group.optimiser is None else _hyperparameters(base)
+            unknown = sorted(set(group.hyperparams) - set(own))
+            if unknown:
+                raise ValueError(
+                    f"param_groups: group {group.name!r} overrides {', '.join(unknown)}, "
+                    f"which its optimiser does not have; its hyperparameters are "
+                    f"{', '.join(sorted(own))}."
+                )
+            if group.structural:
+                if group.name == DEFAULT:
+                    raise ValueError(
+                        f"param_groups: a group that overrides hyperparameters cannot be "
+                        f"named {DEFAULT!r}: that is the group of the unselected leaves."
+                    )
+                branches[group.name] = _override(base, group.hyperparams)
+        self.branches = branches
+        everything = [self.optimiser, *branches.values()]
+        wants_lr = layer_decay is not None or any(g.lr_mult != 1 for g in self.groups)
+        wants_wd = any(g.wd_mult != 1 for g in self.groups)
+        for wanted, kind, name in (
+            (wants_lr, ScaleByLearningRate, "lr_mult"),
+            (wants_wd, AddDecayedWeights, "wd_mult"),
+        ):
+            if wanted and not any(
+                isinstance(m, (kind, _AbstractInjectHyperparams))
+                for t in everything
+                for m in _modules(t)
+            ):
+                raise ValueError(
+                    f"param_groups: `{name}` multiplies the rate of the optimiser's "
+                    f"`{kind.__name__}` step, and it has none: override the "
+                    "hyperparameter in the group instead "
+                    f"(`Group(..., {'learning_rate' if name == 'lr_mult' else 'weight_decay'}=...)`)."
+                )
+        if wants_lr and any(
+            not isinstance(m, (ScaleByLearningRate, Partition))
+            and "learning_rate" in _names_of(m)
+            for t in everything
+            for m in _modules(t)
+        ):
+            raise ValueError(
+                "param_groups: this optimiser uses its learning rate beyond a "
+                "`ScaleByLearningRate` step, so `lr_mult` and layer decay would scale "
+                "only part of it: override `learning_rate=` in each group instead."
+            )
+
+    @property
+    def elementwise(self) -> bool:
+        return False
+
+    @property
+    def runs_on_buffers(self) -> bool:
+        return not self.branches and self.optimiser.runs_on_buffers
+
+    @property
+    def handles_packed(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
+        return not self.branches
+
+    @property
+    def freezes(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
+        return self.optimiser.freezes
+
+    def frozen_selection(self, tree: Any) -> Any | None:
+        return self.optimiser.frozen_selection(tree)
+
+    def _label(self, name: str) -> str:
+        return name if name in self.branches else DEFAULT
+
+    def inner(self, assignment: Assignment) -> AbstractGradientTransformation:
+        """The transform that runs: the optimiser (or the partition of its branches)
+        with each leaf's multipliers."""
+        by_name = {g.name: g for g in self.groups}
+        lr_factors, wd_factors = [], []
+        for group, layer in zip(assignment.groups, assignment.layers, strict=True):
+            if group is None:
+                lr_factors.append(None)
+                wd_factors.append(None)
+                continue
+            spec = by_name.get(assignment.names[group])
+            lr_mult = 1.0 if spec is None else spec.lr_mult
+            lr_factors.append(
+                lr_mult * layer_multiplier(self.layer_decay, layer, assignment.n_layers)
+            )
+            wd_factors.append(1.0 if spec is None else spec.wd_mult)
+        lr = (
+            None
+            if set(lr_factors) <= {None, 1.0}
+            else LeafScales.make(assignment.treedef, tuple(lr_factors))
+        )
+        wd = (
+            None
+            if set(wd_factors) <= {None, 1.0}
+            else LeafScales.make(assignment.treedef, tuple(wd_factors))
+        )
+        if not self.branches:
+            return _with_scales(self.optimiser, lr, wd)
+        used = {
+            self._label(assignment.names[g]) for g in assignment.groups if g is not None
+        }
+        transforms: dict[Hashable, Any] = {
+            label: _with_scales(transform, lr, wd)
+            for label, transform in ((DEFAULT, self.optimiser), *self.branches.items())
+            if label in used
+        }
+        return Partition(transforms, assignment.labels(self._label))
+
+    @init_entry
+    def init(self, params: Params) -> ParamGroupsState:
+        frozen = (
+            self.optimiser.frozen_selection(params) if self.optimiser.freezes else None
+        )
+        assignment = resolve(self.groups, self.layer_decay, params, self.strict, frozen)
+        return ParamGroupsState(
+            inner=self.inner(assignment).init(params), assignment=assignment
+        )
+
+    @update_entry
+    def update(
+        self,
+        updates: Updates,
+        state: ParamGroupsState,
+        params: Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[Updates, ParamGroupsState]:
+        inner = self.inner(state.assignment)
+        new_updates, inner_state = inner.update(
+            updates, state.inner, params, **extra_args
+        )
+        return new_updates, ParamGroupsState(
+            inner=inner_state, assignment=state.assignment
+        )
+
+    def rows(self, assignment: Assignment) -> tuple[GroupRow, ...]:
+        """Per group (per group and layer, with layer decay): its leaves and multipliers,
+        in the groups' order, the default group last."""
+        by_name = {g.name: g for g in self.groups}
+        collected: dict[tuple[int, int], tuple[list[str], int]] = {}
+        for group, layer, path, size in zip(
+            assignment.groups,
+            assignment.layers,
+            assignment.paths,
+            assignment.sizes,
+            strict=True,
+        ):
+            if group is not None:
+                paths, total = collected.get((group, layer or 0), ([], 0))
+                collected[(group, layer or 0)] = ([*paths, path], total + size)
+        out = []
+        for (group, layer), (paths, size) in sorted(collected.items()):
+            name = assignment.names[group]
+            spec = by_name.get(name)
+            layer_of = None if self.layer_decay is None else layer
+            out.append(
+                GroupRow(
+                    group=name,
+                    layer=layer_of,
+                    label=self._label(name),
+                    paths=tuple(paths),
+                    size=size,
+                    lr_mult=(1.0 if spec is None else spec.lr_mult)
+                    * layer_multiplier(self.layer_decay, layer_of, assignment.n_layers),
+                    wd_mult=1.0 if spec is None else spec.wd_mult,
+                )
+            )
+        return tuple(out)
+
+    def report(self, state: ParamGroupsState) -> Any:
+        """The table of groups: see `eqopt.GroupReport`."""
+        from ._groups_report import report
+
+        return report(self, state)
+
+
+@checked
+def param_groups(
+    optimiser: Any,
+    groups: Sequence[Group] = (),
+    *,
+    layer_decay: LayerDecay | None = None,
+    strict: bool = False,
+) -> ParamGroups:
+    r"""Parameter groups: learning-rate and weight-decay multipliers, overrides, layer decay.
+
+    Each trainable leaf goes to the first group whose `select` takes it (see
+    `eqopt.Group`: a regular expression over its path, a layer type, a filter
+    spec), and to the default group (named `"default"`: the optimiser as
+    given) when none does. A group's `lr_mult` multiplies the learning rate
+    (the schedule's value at each step) on its leaves, `wd_mult` the weight
+    decay; `layer_decay` (`eqopt.layer_decay`) multiplies the rate of
+    layer $i$ of $n$ by $\text{rate}^{\,n-i}$, in every group. The rate in use
+    on a leaf is the optimiser's rate times its multipliers: in AdamW,
+    $u = -\eta\, m_\eta\, (\hat m / (\sqrt{\hat v} + \epsilon) + \lambda\, m_\lambda\, \theta)$,
+    as PyTorch's parameter groups (Paszke et al., NeurIPS 2019) with per-group
+    `lr` and `weight_decay` give it.
+
+    Multipliers keep one optimiser with one state (the multipliers are
+    constants of the compiled step, per leaf, or per segment of a packed or
+    bucketed buffer). A group that overrides a hyperparameter (`b2=0.95`,
+    `learning_rate=schedule`) or brings its own `optimiser=` is a branch of an
+    `eqopt.partition` underneath, with its own state.
+
+    The groups are resolved at `init` (a group that selects nothing warns,
+    naming it) and kept in the state, so a restored checkpoint has the same
+    groups. `opt.report(state)` prints who got what; `eqopt.current_hyperparams`
+    gives each group's rates (`"head.learning_rate"`).
+
+    **Arguments:**
+
+    - `optimiser`: the optimiser (any eqopt transform or Optax-style pair).
+    - `groups`: the groups, first match wins.
+    - `layer_decay`: optional `eqopt.LayerDecay`.
+    - `strict`: a leaf that no group selects is an error listing the paths
+      (default: it goes to the default group).
+
+    **Returns:** an `eqopt.ParamGroups`.
+
+    **Raises:** `ValueError` at construction for an invalid regular expression,
+    a negative multiplier, two groups of one name, an override of a
+    hyperparameter the optimiser does not have, or a multiplier the optimiser
+    has no step for; at `init`, for a multiplier on a leaf the optimiser
+    freezes and, with `strict`, for unmatched leaves.
+
+    !!! example
+
+        ```python
+        schedule = eqopt.cosine_decay_schedule(1e-3, decay_steps=1000)
+        opt = eqopt.param_groups(
+            eqopt.adamw(learning_rate=schedule, weight_decay=0.05),
+            groups=[
+                eqopt.Group(select=r"^layers\[2\]\.", name="head", lr_mult=10.0),
+                eqopt.Group(
+                    select=eqopt.in_layer(eqx.nn.Linear, field="bias"),
+                    name="no_decay",
+                    wd_mult=0.0,
+                ),
+            ],
+            layer_decay=eqopt.layer_decay(0.75),
+        )
+        state = opt.init(model)
+        updates, state = opt.update(grads, state, model)
+        print(opt.report(state))  # who got what, and the rates at this step
+        eqopt.current_hyperparams(opt, state)["head.layer3.learning_rate"]
+        ```
+    """
+    return ParamGroups(optimiser, groups, layer_decay=layer_decay, strict=strict)
