@@ -89,7 +89,10 @@ if _TYPE_CHECKING:
         in_layer as in_layer,
         layer_decay as layer_decay,
     )
-    from ._groups_report import GroupReport as GroupReport
+    from ._groups_report import (
+        GroupReport as GroupReport,
+        param_groups_report as param_groups_report,
+    )
     from ._hyper import (
         Scalar as Scalar,
         ScalarLike as ScalarLike,

@@ -68,7 +68,7 @@ EXPORTS: dict[str, tuple[str, ...]] = {
         "in_layer",
         "layer_decay",
     ),
-    "._groups_report": ("GroupReport",),
+    "._groups_report": ("GroupReport", "param_groups_report"),
     "._filters": ("FilterSpec",),
     "._fused._bucketed": (
         "Bucketed",

@@ -28,7 +28,7 @@ class ReportRow(NamedTuple):
 
 @checked
 class GroupReport(eqx.Module):
-    """Who got what: made by `eqopt.ParamGroups.report`; `print` it.
+    """Who got what: made by `eqopt.param_groups_report`; `print` it.
 
     One row per group (per group and layer with layer decay): the paths it took,
     collapsed where they repeat (`blocks[0-23].norm.weight`), the number of
@@ -157,5 +157,19 @@ def _step(state: Any) -> int | None:
     return int(counts[0]) if counts else None
 
 
-def report(opt: ParamGroups, state: ParamGroupsState) -> GroupReport:
+@checked
+def param_groups_report(opt: ParamGroups, state: ParamGroupsState) -> GroupReport:
+    """Who got what: the table of an `eqopt.param_groups` optimiser's groups; `print` it.
+
+    Per group (per group and layer, with layer decay): the paths it took,
+    collapsed where they repeat, the number of parameters, and the learning
+    rate and weight decay in use at the state's step. Outside `jit`.
+
+    **Arguments:**
+
+    - `opt`: the `eqopt.ParamGroups` (inside a chain, the part itself).
+    - `state`: its state, from `init` or `update`.
+
+    **Returns:** an `eqopt.GroupReport`.
+    """
     return GroupReport(rows=rows(opt, state), step=_step(state.inner))

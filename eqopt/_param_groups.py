@@ -345,12 +345,6 @@ class ParamGroups(AbstractGradientTransformation):
             )
         return tuple(out)
 
-    def report(self, state: ParamGroupsState) -> Any:
-        """The table of groups: see `eqopt.GroupReport`."""
-        from ._groups_report import report
-
-        return report(self, state)
-
 
 @checked
 def param_groups(
@@ -382,7 +376,7 @@ def param_groups(
 
     The groups are resolved at `init` (a group that selects nothing warns,
     naming it) and kept in the state, so a restored checkpoint has the same
-    groups. `opt.report(state)` prints who got what; `eqopt.current_hyperparams`
+    groups. `eqopt.param_groups_report(opt, state)` prints who got what; `eqopt.current_hyperparams`
     gives each group's rates (`"head.learning_rate"`).
 
     **Arguments:**
@@ -419,7 +413,7 @@ def param_groups(
         )
         state = opt.init(model)
         updates, state = opt.update(grads, state, model)
-        print(opt.report(state))  # who got what, and the rates at this step
+        print(eqopt.param_groups_report(opt, state))  # who got what, the rates now
         eqopt.current_hyperparams(opt, state)["head.layer3.learning_rate"]
         ```
     """

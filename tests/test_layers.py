@@ -52,6 +52,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "eqopt._fused",
             "eqopt._fused._pack",
             "eqopt._fused._split",
+            "eqopt._leaf_scales",
         ),
     ),
     (
@@ -91,6 +92,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "eqopt._interop",
             "eqopt._train_state",
             "eqopt._fused._bucketed",
+            "eqopt._groups",
         ),
     ),
     ("schedules", "schedules", ("eqopt.schedules", "eqopt.schedules.*")),
@@ -109,13 +111,20 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "eqopt.microbatching",
             "eqopt._zero",
             "eqopt._zero_plan",
+            "eqopt._param_groups",
         ),
     ),
     (
         "optimisers",
         "optimisers that combine transforms and wrappers, `eqopt.contrib`, and "
         "reading an optimiser's current hyperparameters",
-        ("eqopt._alias", "eqopt.contrib", "eqopt.contrib.*", "eqopt._current"),
+        (
+            "eqopt._alias",
+            "eqopt.contrib",
+            "eqopt.contrib.*",
+            "eqopt._current",
+            "eqopt._groups_report",
+        ),
     ),
 ]
 

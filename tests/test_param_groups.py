@@ -312,7 +312,7 @@ def test_report():
         eqopt.adamw(1e-3, weight_decay=0.1), groups=[HEAD, NO_DECAY]
     )
     state = opt.init(model)
-    text = str(opt.report(state))
+    text = str(eqopt.param_groups_report(opt, state))
     lines = text.splitlines()
     assert lines[0] == "3 groups, 820 parameters, at step 0"
     assert lines[1].split() == ["group", "params", "lr", "wd", "paths"]
@@ -321,7 +321,7 @@ def test_report():
         r"^no_decay +144 +0\.001 +0 +blocks\[0-3\]\.norm\.weight$", text, re.M
     )
     assert "blocks[0-3].attn.bias" in text and "blocks[0-3].mlp.weight" in text
-    report = opt.report(state)
+    report = eqopt.param_groups_report(opt, state)
     assert [r.group for r in report.rows] == ["head", "no_decay", "default"]
     assert sum(r.size for r in report.rows) == 820
     assert report.rows[2].paths[0] == "embed.weight"
@@ -478,7 +478,9 @@ def test_getting_started_shows_the_report_it_prints():
     from pathlib import Path
 
     page = (Path(__file__).parent.parent / "docs/getting-started.md").read_text()
-    shown = page.split("print(opt.report(state))\n```\n\n```\n")[1].split("```")[0]
+    shown = page.split("print(eqopt.param_groups_report(opt, state))\n```\n\n```\n")[
+        1
+    ].split("```")[0]
     model = eqx.nn.MLP(2, 1, 32, 2, key=jax.random.key(0))
     opt = eqopt.param_groups(
         eqopt.adamw(learning_rate=1e-3, weight_decay=1e-2),
@@ -491,4 +493,4 @@ def test_getting_started_shows_the_report_it_prints():
             eqopt.Group(select=r"^layers\[2\]\.", name="head", lr_mult=10.0),
         ],
     )
-    assert str(opt.report(opt.init(model))) == shown.rstrip("\n")
+    assert str(eqopt.param_groups_report(opt, opt.init(model))) == shown.rstrip("\n")
