@@ -333,6 +333,10 @@ if _TYPE_CHECKING:
         monitor as monitor,
         snapshot as snapshot,
     )
+    from ._wrappers.offload import (
+        Offload as Offload,
+        offload as offload,
+    )
     from ._wrappers.privacy import (
         DifferentiallyPrivateAggregate as DifferentiallyPrivateAggregate,
         DifferentiallyPrivateAggregateState as DifferentiallyPrivateAggregateState,

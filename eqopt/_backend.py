@@ -38,3 +38,24 @@ def eigh_one_at_a_time() -> bool:
     `lax.map`).
     """
     return jax.default_backend() == "cpu"
+
+
+@no_type_check
+def lacks_host_memory() -> str | None:
+    """Why the default backend cannot hold state in host memory
+    (`eqopt.offload`), or `None` where it can.
+
+    It can where its devices have a `pinned_host` memory space and JAX moves
+    arrays between memory spaces inside `jit` (`jax.memory.Space`): GPUs,
+    TPUs, and the CPU (whose host and device memories are the same RAM, so
+    there the transfers compile to nothing).
+    """
+    if not hasattr(jax, "memory"):
+        return f"JAX {jax.__version__} has no `jax.memory` (memory spaces)"
+    kinds = {memory.kind for memory in jax.devices()[0].addressable_memories()}
+    if "pinned_host" not in kinds:
+        return (
+            f"the {jax.default_backend()} backend's devices have no 'pinned_host' "
+            f"memory (they have {sorted(kinds)})"
+        )
+    return None

@@ -310,6 +310,7 @@ EXPORTS: dict[str, tuple[str, ...]] = {
         "stochastic_rounding",
     ),
     "._wrappers.microbatch": ("microbatch",),
+    "._wrappers.offload": ("Offload", "offload"),
     "._wrappers.monitor": (
         "MeasureWithEma",
         "MeasureWithEmaState",

@@ -23,9 +23,11 @@ computation there.
 from collections.abc import Callable
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.core
 import jax.numpy as jnp
+import numpy as np
 
 
 def explicit_sharding(x: Any) -> Any:
@@ -164,3 +166,111 @@ def where(condition: Any, x: Any, y: Any) -> Any:
             condition = jnp.broadcast_to(condition, shape)
             condition = jax.sharding.reshard(condition, explicit_sharding(like))
     return jnp.where(condition, x, y)
+
+
+# ---------------------------------------------------------------------------
+# Memory kinds: state kept in host memory (`eqopt.offload`)
+# ---------------------------------------------------------------------------
+
+#: The memory kind of a `jax.sharding.Sharding` that holds an offloaded leaf.
+HOST_MEMORY = "pinned_host"
+
+
+def in_host_memory(x: Any) -> bool:
+    """Whether the array `x` (or, under `jit`, the value it traces) is in host
+    memory: read from its type (`jax.typeof(x).memory_space`), so it holds
+    under `jit`, where a tracer has no sharding to ask."""
+    if not isinstance(x, jax.Array):
+        return False
+    return jax.typeof(x).memory_space == jax.memory.Space.Host
+
+
+def host_kind(sharding: Any) -> str | None:
+    """The memory kind of `sharding` where it is a host memory, else `None`."""
+    kind = getattr(sharding, "memory_kind", None)
+    return kind if kind in (HOST_MEMORY, "unpinned_host") else None
+
+
+def to_memory(x: Any, host: bool) -> Any:
+    """The array `x` moved to host memory (`host=True`) or to the device's,
+    keeping its sharding: `jax.device_put` to a memory space, which under `jit`
+    is a transfer inside the program (on CPU, where both are the same memory,
+    it compiles to nothing)."""
+    space = jax.memory.Space.Host if host else jax.memory.Space.Device
+    return jax.device_put(x, space)
+
+
+def auto_mesh(tree: Any) -> Any:
+    """The mesh with automatic axes that an array of `tree` is laid out on, or
+    `None` (arrays on one device, or on explicit axes, whose shardings a
+    jitted `init` propagates itself)."""
+    for x in jax.tree.leaves(tree):
+        mesh = getattr(getattr(x, "sharding", None), "mesh", None)
+        if isinstance(mesh, jax.sharding.Mesh) and mesh.size > 1:
+            kinds = mesh.axis_types
+            if any(kind != jax.sharding.AxisType.Explicit for kind in kinds):
+                return mesh
+    return None
+
+
+def _explicit_mesh(mesh: Any) -> Any:
+    return jax.sharding.Mesh(
+        mesh.devices,
+        mesh.axis_names,
+        axis_types=(jax.sharding.AxisType.Explicit,) * mesh.devices.ndim,
+    )
+
+
+def abstract_init(init: Callable, params: Any, param_shardings: Any, mesh: Any) -> Any:
+    """`init(params)`'s abstract result (`jax.ShapeDtypeStruct`s), each array
+    leaf carrying the sharding on `mesh` that `init` gives it from params laid
+    out on `param_shardings` (a tree like `params`, `None` for replicated).
+
+    Under explicit axes the sharding is part of each array's type, so
+    `eqx.filter_eval_shape` on explicitly sharded stand-ins propagates it
+    through `init` without computing anything: a moment, a stack of them
+    (L-BFGS's memory) or a packed buffer gets the layout of what it is made
+    from. (Under `jit` on automatic axes, a moment made by `jnp.zeros_like`
+    does not depend on its parameter, and lands on one device.) Where `init`
+    cannot run on explicit axes, the plain abstract result is given, without
+    shardings (`eqopt.zero_plan` then splits each leaf by its rule alone).
+
+    A leaf that `init` puts in host memory (`eqopt.offload`) carries the
+    `pinned_host` memory kind: read from the traced value's type, as a
+    `jax.ShapeDtypeStruct` keeps no memory space.
+    """
+    explicit = _explicit_mesh(mesh)
+    traced: dict[str, Any] = {}
+
+    def traced_init(params):
+        result = init(params)
+        traced["host"] = jax.tree.map(in_host_memory, result)
+        return result
+
+    def stand_in(x, sharding):
+        if not isinstance(x, (jax.Array, jax.ShapeDtypeStruct, np.ndarray)):
+            return x
+        spec = jax.sharding.PartitionSpec() if sharding is None else sharding.spec
+        named = jax.sharding.NamedSharding(explicit, spec)
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=named)
+
+    def on_mesh(x, host):
+        if not isinstance(x, jax.ShapeDtypeStruct):
+            return x
+        spec = getattr(x.sharding, "spec", jax.sharding.PartitionSpec())
+        kind = HOST_MEMORY if host else None
+        named = jax.sharding.NamedSharding(mesh, spec, memory_kind=kind)
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=named)
+
+    stand_ins = jax.tree.map(
+        stand_in, params, param_shardings, is_leaf=lambda x: x is None
+    )
+    try:
+        with jax.set_mesh(explicit):
+            abstract = eqx.filter_eval_shape(traced_init, stand_ins)
+    except Exception:  # an `init` that needs automatic axes
+        abstract = eqx.filter_eval_shape(traced_init, params)
+        return jax.tree.map(
+            lambda x, host: on_mesh(x, host) if host else x, abstract, traced["host"]
+        )
+    return jax.tree.map(on_mesh, abstract, traced["host"])

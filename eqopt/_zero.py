@@ -35,6 +35,7 @@ from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionS
 
 from ._quantize import is_quantized
 from ._quantize._array import _blocks, _with_rows
+from ._sharding import host_kind, in_host_memory, to_memory
 from ._typecheck import checked
 
 #: Leaves with fewer elements than this keep their layout by default: splitting
@@ -83,7 +84,11 @@ def _padded(tree: Any, size: int, min_size: int) -> Any:
             return x
         rows = -(-_blocks(x) // size) * size
         if not isinstance(x.codes, jax.ShapeDtypeStruct):
-            return _with_rows(x, rows)
+            # An offloaded moment is padded in device memory (`eqopt.offload`).
+            host = in_host_memory(x.codes)
+            x = jax.tree.map(lambda a: to_memory(a, False), x) if host else x
+            x = _with_rows(x, rows)
+            return jax.tree.map(lambda a: to_memory(a, True), x) if host else x
         if x.codes.shape[0] == rows:
             return x
         codes = jax.ShapeDtypeStruct(
@@ -152,7 +157,9 @@ def _plan(tree: Any, mesh: Any, axis: str | Sequence[str], min_size: int, caller
         sharding = getattr(x, "sharding", None)
         entries = _entries(sharding, mesh, len(x.shape))
         split, reason = _split_leaf(tuple(x.shape), entries, axes, size, min_size)
-        return NamedSharding(mesh, PartitionSpec(*split)), reason
+        # A leaf in host memory (`eqopt.offload`) stays there, split alike.
+        kind = host_kind(sharding)
+        return NamedSharding(mesh, PartitionSpec(*split), memory_kind=kind), reason
 
     def quantized_plan(x):
         # Codes and scales are split together over their blocks (rows), never
@@ -170,11 +177,16 @@ def _plan(tree: Any, mesh: Any, axis: str | Sequence[str], min_size: int, caller
         if x.size < min_size:
             split = entries[:1]
             reason = f"{x.size} elements, fewer than min_size={min_size}"
-        codes = NamedSharding(mesh, PartitionSpec(*split, *entries[1:]))
+        kind = host_kind(getattr(x.codes, "sharding", None))
+        codes = NamedSharding(
+            mesh, PartitionSpec(*split, *entries[1:]), memory_kind=kind
+        )
         # Rank-1 scales (a maximum per row and per column) are not per block:
         # few, and read whole by every block, they stay whole.
         rank1 = getattr(x, "normalization", "block") == "rank1"
-        scales = NamedSharding(mesh, PartitionSpec(*([None] if rank1 else split)))
+        scales = NamedSharding(
+            mesh, PartitionSpec(*([None] if rank1 else split)), memory_kind=kind
+        )
         return eqx.tree_at(
             lambda q: (q.codes, q.scales), x, ((codes, reason), (scales, reason))
         )
@@ -261,7 +273,9 @@ def constrain(tree: Any, shardings: Any) -> Any:
 
     Outside `jit` this is `jax.device_put`; inside, a sharding constraint
     (`jax.lax.with_sharding_constraint` on automatic axes, `jax.sharding.reshard`
-    on explicit ones). Leaves of `tree` that are not arrays, or where
+    on explicit ones), then a transfer to host memory where the sharding's
+    memory kind is a host one (`eqopt.offload`); an array in host memory
+    stays there. Leaves of `tree` that are not arrays, or where
     `shardings` has `None`, are returned unchanged; `tree` may have `None`
     where `shardings` has a sharding (a gradient that `eqx.filter_grad` did not
     compute).
@@ -281,9 +295,15 @@ def constrain(tree: Any, shardings: Any) -> Any:
         if sharding is None or not eqx.is_array(x):
             return x
         if isinstance(x, jax.core.Tracer):
+            # The constraints keep an array's memory but do not move it.
+            host = host_kind(sharding) is not None
+            if host:
+                sharding = NamedSharding(sharding.mesh, sharding.spec)
             if _explicit(sharding):
-                return jax.sharding.reshard(x, sharding)
-            return jax.lax.with_sharding_constraint(x, sharding)
+                x = jax.sharding.reshard(x, sharding)
+            else:
+                x = jax.lax.with_sharding_constraint(x, sharding)
+            return to_memory(x, True) if host else x
         return jax.device_put(x, sharding)
 
     return jax.tree.map(place, shardings, tree, is_leaf=lambda x: x is None)

@@ -12,10 +12,12 @@ from typing import Any
 
 import equinox as eqx
 import jax
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ._fused._bucketed import Bucketed
+from ._sharding import abstract_init
 from ._typecheck import checked
+from ._wrappers.offload import Offload
 from ._zero import (
     MIN_SIZE,
     _axes,
@@ -43,54 +45,10 @@ def _shardings_of(tree: Any, mesh: Mesh) -> Any:
     return jax.tree.map(sharding, tree, is_leaf=lambda x: x is None)
 
 
-def _explicit_mesh(mesh: Mesh) -> Mesh:
-    return Mesh(
-        mesh.devices,
-        mesh.axis_names,
-        axis_types=(AxisType.Explicit,) * mesh.devices.ndim,
-    )
-
-
 def _abstract_state(opt: Any, params: Any, param_shardings: Any, mesh: Mesh) -> Any:
     """The abstract state, each leaf carrying the sharding `opt.init` gives it
-    from params laid out on `param_shardings`.
-
-    Under explicit axes the sharding is part of each array's type, so
-    `eqx.filter_eval_shape` on explicitly sharded stand-ins propagates it
-    through `init` without computing anything: a moment, a stack of them
-    (L-BFGS's memory) or a packed buffer gets the layout of what it is made
-    from. Where a transform's `init` cannot run on explicit axes, the plain
-    abstract state is used (its leaves are then split by the rule alone).
-    """
-    explicit = _explicit_mesh(mesh)
-
-    def stand_in(x, sharding):
-        if not _is_array_like(x):
-            return x
-        spec = PartitionSpec() if sharding is None else sharding.spec
-        return jax.ShapeDtypeStruct(
-            x.shape, x.dtype, sharding=NamedSharding(explicit, spec)
-        )
-
-    stand_ins = jax.tree.map(
-        stand_in, params, param_shardings, is_leaf=lambda x: x is None
-    )
-    try:
-        with jax.set_mesh(explicit):
-            abstract = eqx.filter_eval_shape(opt.init, stand_ins)
-    except Exception:  # a transform whose init needs automatic axes
-        return eqx.filter_eval_shape(opt.init, params)
-
-    def on_mesh(x):
-        if not isinstance(x, jax.ShapeDtypeStruct):
-            return x
-        sharding = getattr(x, "sharding", None)
-        spec = getattr(sharding, "spec", PartitionSpec())
-        return jax.ShapeDtypeStruct(
-            x.shape, x.dtype, sharding=NamedSharding(mesh, spec)
-        )
-
-    return jax.tree.map(on_mesh, abstract)
+    from params laid out on `param_shardings` (`eqopt._sharding.abstract_init`)."""
+    return abstract_init(opt.init, params, param_shardings, mesh)
 
 
 @checked
@@ -114,6 +72,11 @@ class ZeroPlan(eqx.Module):
     unsharded. Transforms that need a whole matrix (Muon's orthogonalisation,
     GaLore's SVD, the flat vector of `eqopt.flatten`) gather it first, so they
     give the same numbers too and communicate that matrix each step.
+
+    With `opt = eqopt.offload(...)`, the state's shardings carry the
+    `pinned_host` memory kind where `eqopt.offload` keeps a leaf in host
+    memory: each device's shard of it lives in its own host memory, built
+    there by `init` and kept there by `update`.
 
     **Fields:**
 
@@ -168,7 +131,8 @@ class ZeroPlan(eqx.Module):
 
         One `jax.jit` with the state's shardings as `out_shardings`: each device
         allocates its own part of each leaf only, so the replicated state is
-        never materialised.
+        never materialised (and an offloaded leaf's part is written to host
+        memory, see `eqopt.offload`).
         """
         opt_arrays, opt_rest = eqx.partition(opt, eqx.is_array)
         arrays, rest = eqx.partition(params, eqx.is_array)
@@ -287,7 +251,7 @@ def zero_plan(
         state_shardings,
         is_leaf=lambda x: x is None,
     )
-    if isinstance(opt, Bucketed):
+    if isinstance(opt.inner if isinstance(opt, Offload) else opt, Bucketed):
         # Bucketed state packs the gradients into buffers first: they are
         # concatenated as laid out, and the state's split buffers cut the result.
         split_params = param_shardings
