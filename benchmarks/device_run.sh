@@ -2,10 +2,14 @@
 # The benchmarks on a lent GPU machine (the workplace's `device` tool), in one call
 # that fits its time: the whole training step (train_step_bench.py) on the residual
 # stack of 200 layers and the ResNet-like and transformer-like trees, then the
-# low-bit states (lowbit_bench.py) on a wider MLP. Each part has its own time limit
+# low-bit states (lowbit_bench.py) on a wider MLP, then the state in host memory
+# (memory_bench.py --offload: device bytes, step time and the whole step's peak
+# device memory, with XLA's latency-hiding scheduler and without it, to see whether
+# overlapping the transfers with the update helps). Each part has its own time limit
 # and writes its JSON as it goes, so a part cut short still reports what it measured.
 #
-#   bash benchmarks/device_run.sh            # writes under $OUT (default /tmp/eqopt-device)
+#   bash benchmarks/device_run.sh                  # writes under $OUT (default /tmp/eqopt-device)
+#   PARTS=offload,offload_nolhs bash benchmarks/device_run.sh   # some parts only
 #
 # The machine has jax, equinox, jaxtyping and optax but not beartype: carry its wheel
 # in .whl/ (see benchmarks/README.md).
@@ -19,6 +23,7 @@ if [ -d .whl ]; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 SCALE=${SCALE:-100}  # percent of each time limit (a smoke run sets it low)
+PARTS=${PARTS:-all}  # comma-separated part names (see each `run` below), or all
 limit() { echo $(( $1 * SCALE / 100 + 1 )); }
 nvidia-smi -L || true
 python3 -c "
@@ -29,6 +34,7 @@ print('jax', jax.__version__, jax.devices(), 'equinox', equinox.__version__,
 run() {  # name, seconds, command...
     local name=$1 seconds=$2
     shift 2
+    [ "$PARTS" = all ] || [[ ",$PARTS," == *",$name,"* ]] || return 0
     echo "== $name (limit ${seconds}s)"
     timeout "$seconds" "$@" >"$OUT/$name.txt" 2>&1
     echo "   exit $?"
@@ -44,6 +50,16 @@ run lowbit "$(limit 80)" python3 benchmarks/lowbit_bench.py --width 4096 --round
 # last block is padded, and the packed update and the codes differ in shape.
 run lowbit_4000 "$(limit 70)" python3 benchmarks/lowbit_bench.py --width 4000 --rounds 3 --kernels --no-peak \
     --json "$OUT/lowbit_4000.json"
+# The state in host memory against the state on the device, on a transformer of
+# about 110M parameters (state: 0.9 GB float32 Adam), the whole step on 8 sequences
+# of 512 tokens. Then the same with XLA's latency-hiding scheduler off: the
+# transfers are no longer moved to overlap the update (the optimiser step only).
+OFFLOAD="python3 benchmarks/memory_bench.py --offload --rounds 3 --reps 3 --steps 3 \
+    --tree-args=--tf-width=1024 --tree-args=--tf-blocks=8 --batch 8 --context 512"
+run offload "$(limit 150)" $OFFLOAD --json "$OUT/offload.json"
+run offload_nolhs "$(limit 90)" env \
+    XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_latency_hiding_scheduler=false" \
+    $OFFLOAD --no-training-step --json "$OUT/offload_nolhs.json"
 # The tables again, from the JSON of each part (also of a part cut short).
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys

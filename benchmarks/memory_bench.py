@@ -21,6 +21,13 @@ reported, not targeted.
 
     python benchmarks/memory_bench.py               # both trees, all optimisers
     python benchmarks/memory_bench.py --quick       # smaller trees, fewer rounds
+
+With `--offload`, it reports instead the state kept in host memory
+(`eqopt.offload`) against the state on the device, on one device: the state's
+device bytes, the step time, and the whole training step's peak device memory
+(`benchmarks/offload_bench.py`).
+
+    python benchmarks/memory_bench.py --offload
 """
 
 import os
@@ -132,7 +139,27 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="0: memory only")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument(
+        "--offload", action="store_true", help="state in host memory (one device)"
+    )
+    parser.add_argument("--offload-optimisers", default="adam,adam-8bit")
+    parser.add_argument(
+        "--tree-args",
+        action="append",
+        default=[],
+        help="step_bench.py's size flags for --offload (--tree-args=--tf-width=1024)",
+    )
+    parser.add_argument("--batch", type=int, default=4, help="--offload's step")
+    parser.add_argument("--context", type=int, default=64, help="--offload's step")
+    parser.add_argument(
+        "--no-training-step", dest="training_step", action="store_false"
+    )
+    parser.add_argument("--json", help="--offload: also write the results here")
     args = parser.parse_args()
+    if args.offload:
+        import offload_bench
+
+        return offload_bench.run(args)
     sizes = step_bench_args(["--quick"] if args.quick else [])
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
     replicated = NamedSharding(mesh, P())

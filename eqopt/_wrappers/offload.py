@@ -106,6 +106,14 @@ class Offload(AbstractGradientTransformation):
       moves whatever is on the host to the device, and returns the state on
       the host).
 
+    - **Donating the state** (`eqx.filter_jit(donate=...)`): JAX 0.10 pairs
+      each donated input with an output of the same shape and dtype, in order,
+      without reading memory kinds when the `jit` has no `out_shardings`. A
+      step that takes and returns the model and the state in the same order
+      (as below) pairs each buffer with its own output; one that returns the
+      state before the model can pair a host buffer with a device output,
+      which fails. Keep that order, or donate only the model.
+
     On a CPU, host and device memory are the same RAM: the state carries the
     `pinned_host` kind and the transfers compile to nothing. Needs a backend
     whose devices have `pinned_host` memory (GPU, TPU, CPU); elsewhere `init`
