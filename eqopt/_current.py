@@ -16,6 +16,7 @@ from ._param_groups import ParamGroups, ParamGroupsState
 from ._scheduled import ScaleByScheduleState
 from ._typecheck import checked
 from ._wrappers.inject import InjectHyperparams, InjectStatefulHyperparams
+from ._wrappers.offload import Offload
 
 
 @checked
@@ -89,6 +90,9 @@ def _collect(transform: Any, state: Any, path: tuple[str, ...], found: list) -> 
         return
     if isinstance(transform, ParamGroups):
         _collect_groups(transform, state, path, found)
+        return
+    if isinstance(transform, Offload):  # its state is the inner's
+        _collect(transform.inner, state, path, found)
         return
     if isinstance(transform, (InjectHyperparams, InjectStatefulHyperparams)):
         for name, value in state.hyperparams.items():

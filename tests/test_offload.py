@@ -238,6 +238,13 @@ def test_capabilities_are_the_inner_optimisers():
     ).params_like_updates
     assert isinstance(eqopt.offload(eqopt.adam(1e-3)), eqopt.Offload)
     assert eqopt.offload(eqopt.adam(1e-3)).min_size == 4096
+    # Read as the inner optimiser: its hyperparameters, its moments by name.
+    inner = eqopt.adamw(eqopt.cosine_decay_schedule(1e-3, 100))
+    opt, params = eqopt.offload(inner, min_size=4), {"w": jnp.ones((4, 4))}
+    state = opt.init(params)
+    current = eqopt.current_hyperparams(opt, state)
+    assert current == eqopt.current_hyperparams(inner, state) and current
+    assert eqopt.tree.get(state, "mu")["w"].shape == (4, 4)
 
 
 def test_bad_configurations_get_one_clear_error(monkeypatch):
