@@ -63,8 +63,8 @@ SCRIPT = textwrap.dedent(
                 expected = sharding.update(spec=spec)
             # (Where a leaf lives, device or host memory, is `eqopt.offload`'s
             # and test_offload.py's: the layout is the same.)
-            sharding = leaf.sharding.with_memory_kind("device")
-            if not sharding.is_equivalent_to(expected, leaf.ndim):
+            actual = leaf.sharding.with_memory_kind("device")
+            if not actual.is_equivalent_to(expected, leaf.ndim):
                 failures.append(f"{{label}} {{jax.tree_util.keystr(path)}}: {{leaf.sharding}}")
 
     def compare(label, updates, reference):
