@@ -153,3 +153,61 @@ def test_optimizer_zoo(tmp_path):
     assert state["SOAP"] > 2.0 and state["Shampoo"] > 3.0, stdout
     assert state["Kron"] > 1.0, stdout
     assert_plot(plot)
+
+
+def test_fine_tuning(tmp_path):
+    stdout, plot = run_example("fine_tuning", tmp_path)
+    assert number(r"pretrained: task A accuracy (\S+)", stdout) > 0.9, stdout
+    # The report: the head at the last layer (5 = 4 blocks + 1) with 10x the base
+    # rate after the warm-up, no weight decay on norms and biases, the embeddings
+    # at layer 0.
+    assert "3 groups, 136,068 parameters, at step 25" in stdout, stdout
+    assert re.search(r"^head +5 +260 +0\.01 +0\.05 +head\.weight$", stdout, re.M)
+    assert re.search(
+        r"^no_decay +1 +704 +\S+ +0 +blocks\[0\]\.norm1\.weight$", stdout, re.M
+    )
+    assert re.search(r"^no_decay +5 +128 +0\.001 +0 +norm\.weight$", stdout, re.M)
+    assert re.search(
+        r"^default +0 +1,792 +\S+ +0\.05 +embedding\.weight$", stdout, re.M
+    )
+    rates = dict(re.findall(r"(\w+\.layer\d\.learning_rate) ([0-9.e-]+)", stdout))
+    expected = {"head.layer5": 1e-2, "default.layer4": 7.5e-4}
+    expected |= {"default.layer1": 1e-3 * 0.75**4, "default.layer0": 1e-3 * 0.75**5}
+    for key, value in expected.items():
+        assert math.isclose(float(rates[f"{key}.learning_rate"]), value, rel_tol=2e-3)
+    # The table: every run, accuracies between 0 and 1.
+    rows = {
+        (name, float(rate)): (float(accuracy), float(kept))
+        for name, rate, accuracy, kept in re.findall(
+            r"^\| (global rate|param groups|head only|no pretraining) \| (\S+) \| "
+            r"(\S+) ± \S+ \| (\S+) \|$",
+            stdout,
+            re.M,
+        )
+    }
+    assert set(rows) == {
+        ("global rate", 1e-3),
+        ("global rate", 1e-2),
+        ("param groups", 1e-3),
+        ("head only", 1e-2),
+        ("no pretraining", 1e-3),
+    }, stdout
+    assert all(0 <= a <= 1 and 0 <= k <= 1 for a, k in rows.values()), stdout
+    # What the page says: the groups beat one global rate, at the same base rate
+    # and at the head's rate; the frozen backbone keeps task A exactly.
+    groups = rows[("param groups", 1e-3)][0]
+    assert groups > rows[("global rate", 1e-3)][0] + 0.1, stdout
+    assert groups > rows[("global rate", 1e-2)][0] + 0.1, stdout
+    pretrained = number(r"pretrained: task A accuracy (\S+)", stdout)
+    assert rows[("head only", 1e-2)][1] == pretrained, stdout
+    assert number(r"best param groups: (\S+)", stdout) == groups, stdout
+    assert_plot(plot)
+    # The page shows the report as the script prints it (after the warm-up it is the
+    # same in both modes), and the full run's table as its output has it.
+    page = (ROOT / "docs" / "examples" / "fine_tuning.md").read_text()
+    shown = page.split("with the base rate 1e-3:\n\n```text\n")[1].split("```")[0]
+    printed = stdout.split("3 groups,", 1)[1].split("rates after the warm-up")[0]
+    assert shown == "3 groups," + printed, stdout
+    output = (ROOT / "docs" / "examples" / "fine_tuning.txt").read_text()
+    table = [line for line in output.splitlines() if line.startswith("| ")]
+    assert len(table) == 13 and all(line in page for line in table), table
