@@ -30,32 +30,48 @@ class ReportRow(NamedTuple):
 class GroupReport(eqx.Module):
     """Who got what: made by `eqopt.param_groups_report`; `print` it.
 
-    One row per group (per group and layer with layer decay): the paths it took,
-    collapsed where they repeat (`blocks[0-23].norm.weight`), the number of
-    parameters, and the learning rate and weight decay in use at the state's step
-    (the optimiser's values there times the row's multipliers).
+    One line per group: the paths it took, collapsed where they repeat
+    (`blocks[0-23].norm.weight`), the number of parameters, the multipliers
+    (`lr x`, `wd x`) and the learning rate and weight decay in use at the state's
+    step (the optimiser's values there times the multipliers). With layer
+    decay, the layers a group spans and the range of its rates; with
+    `by_layer=True`, one line per group and layer. `rows` holds each group and
+    layer's numbers.
     """
 
     rows: tuple[ReportRow, ...]
     step: int | None
+    by_layer: bool = eqx.field(default=False, static=True)
+
+    def _lines(self) -> list[ReportRow | list[ReportRow]]:
+        if self.by_layer:
+            return list(self.rows)
+        merged: dict[str, list[ReportRow]] = {}
+        for row in self.rows:
+            merged.setdefault(row.group, []).append(row)
+        return list(merged.values())
 
     def __str__(self) -> str:
         layered = any(row.layer is not None for row in self.rows)
-        header = ("group", "layer", "params", "lr", "wd", "paths")
+        header = ("group", "layer", "params", "lr x", "lr", "wd x", "wd", "paths")
         table: list[tuple[str, ...]] = [header]
-        for row in self.rows:
-            paths = collapse(row.paths)
+        for line in self._lines():
+            rows = line if isinstance(line, list) else [line]
+            layers = [r.layer for r in rows if r.layer is not None]
+            paths = collapse([p for r in rows for p in r.paths])
             table.append(
                 (
-                    row.group,
-                    str(row.layer),
-                    f"{row.size:,}",
-                    _number(row.learning_rate, row.lr_mult),
-                    _number(row.weight_decay, row.wd_mult),
+                    rows[0].group,
+                    _ranges(layers) if layers else "-",
+                    f"{sum(r.size for r in rows):,}",
+                    _span([r.lr_mult for r in rows], "x{:.3g}"),
+                    _span([r.learning_rate for r in rows], "{:.3g}"),
+                    _span([r.wd_mult for r in rows], "x{:.3g}"),
+                    _span([r.weight_decay for r in rows], "{:.3g}"),
                     paths[0] if paths else "",
                 )
             )
-            table.extend(("", "", "", "", "", more) for more in paths[1:])
+            table.extend(("",) * 7 + (more,) for more in paths[1:])
         # Without layer decay, no layer column.
         columns = [i for i in range(len(header)) if layered or i != 1]
         table = [tuple(line[i] for i in columns) for line in table]
@@ -81,10 +97,13 @@ class GroupReport(eqx.Module):
         return str(self)
 
 
-def _number(value: float | None, multiplier: float) -> str:
-    if value is None:
-        return f"x{multiplier:g}"
-    return f"{value:.3g}"
+def _span(values: list[float | None], spelling: str) -> str:
+    """One value, or the range of several (`0.000237..0.001`); `-` if unknown."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return "-"
+    low, high = spelling.format(min(known)), spelling.format(max(known))
+    return low if low == high else f"{low}..{high}"
 
 
 _INDEX = re.compile(r"\[(\d+)\]")
@@ -158,18 +177,24 @@ def _step(state: Any) -> int | None:
 
 
 @checked
-def param_groups_report(opt: ParamGroups, state: ParamGroupsState) -> GroupReport:
+def param_groups_report(
+    opt: ParamGroups, state: ParamGroupsState, *, by_layer: bool = False
+) -> GroupReport:
     """Who got what: the table of an `eqopt.param_groups` optimiser's groups; `print` it.
 
-    Per group (per group and layer, with layer decay): the paths it took,
-    collapsed where they repeat, the number of parameters, and the learning
-    rate and weight decay in use at the state's step. Outside `jit`.
+    Per group: the paths it took, collapsed where they repeat, the number of
+    parameters, the multipliers, and the learning rate and weight decay in use
+    at the state's step (with layer decay, their range over the group's
+    layers). Outside `jit`.
 
     **Arguments:**
 
     - `opt`: the `eqopt.ParamGroups` (inside a chain, the part itself).
     - `state`: its state, from `init` or `update`.
+    - `by_layer`: with layer decay, one line per group and layer.
 
     **Returns:** an `eqopt.GroupReport`.
     """
-    return GroupReport(rows=rows(opt, state), step=_step(state.inner))
+    return GroupReport(
+        rows=rows(opt, state), step=_step(state.inner), by_layer=by_layer
+    )

@@ -315,10 +315,20 @@ def test_report():
     text = str(eqopt.param_groups_report(opt, state))
     lines = text.splitlines()
     assert lines[0] == "3 groups, 820 parameters, at step 0"
-    assert lines[1].split() == ["group", "params", "lr", "wd", "paths"]
-    assert re.search(r"^head +36 +0\.01 +0\.1 +head\.weight$", text, re.M)
+    assert lines[1].split() == [
+        "group",
+        "params",
+        "lr",
+        "x",
+        "lr",
+        "wd",
+        "x",
+        "wd",
+        "paths",
+    ]
+    assert re.search(r"^head +36 +x10 +0\.01 +x1 +0\.1 +head\.weight$", text, re.M)
     assert re.search(
-        r"^no_decay +144 +0\.001 +0 +blocks\[0-3\]\.norm\.weight$", text, re.M
+        r"^no_decay +144 +x1 +0\.001 +x0 +0 +blocks\[0-3\]\.norm\.weight$", text, re.M
     )
     assert "blocks[0-3].attn.bias" in text and "blocks[0-3].mlp.weight" in text
     report = eqopt.param_groups_report(opt, state)
@@ -347,6 +357,17 @@ def test_layer_ids_follow_beit():
     assert float(updates.head.weight[0, 0]) == -1.0
     assert float(updates.blocks[0].attn.weight[0, 0]) == -(0.5**3)
     assert float(updates.embed.weight[0, 0]) == -(0.5**4)
+    # The report spans a group's layers; by layer, one line each.
+    report = eqopt.param_groups_report(opt, state)
+    assert re.search(
+        r"^default +0-4 +660 +x0\.0625\.\.x1 +0\.0625\.\.1 +x1 +- +embed\.weight$",
+        str(report),
+        re.M,
+    ), str(report)
+    by_layer = str(eqopt.param_groups_report(opt, state, by_layer=True))
+    assert re.search(
+        r"^default +2 +\S+ +x0\.25 +0\.25 +x1 +- +blocks\[1\]", by_layer, re.M
+    )
     by_function = eqopt.layer_decay(
         0.5, layer_of=lambda path: 2 if path.startswith("head") else 0
     )
