@@ -162,13 +162,19 @@ def test_fine_tuning(tmp_path):
     # rate after the warm-up, no weight decay on norms and biases, the embeddings
     # at layer 0.
     assert "3 groups, 136,068 parameters, at step 25" in stdout, stdout
-    assert re.search(r"^head +5 +260 +0\.01 +0\.05 +head\.weight$", stdout, re.M)
     assert re.search(
-        r"^no_decay +1 +704 +\S+ +0 +blocks\[0\]\.norm1\.weight$", stdout, re.M
+        r"^head +5 +260 +x10 +0\.01 +x1 +0\.05 +head\.weight$", stdout, re.M
     )
-    assert re.search(r"^no_decay +5 +128 +0\.001 +0 +norm\.weight$", stdout, re.M)
     assert re.search(
-        r"^default +0 +1,792 +\S+ +0\.05 +embedding\.weight$", stdout, re.M
+        r"^no_decay +1-5 +2,944 +x0\.316\.\.x1 +\S+ +x0 +0 +blocks\[0-3\]\.norm1\.weight$",
+        stdout,
+        re.M,
+    )
+    assert "                norm.bias" in stdout, stdout
+    assert re.search(
+        r"^default +0-4 +132,864 +x0\.237\.\.x0\.75 +\S+ +x1 +0\.05 +embedding\.weight$",
+        stdout,
+        re.M,
     )
     rates = dict(re.findall(r"(\w+\.layer\d\.learning_rate) ([0-9.e-]+)", stdout))
     expected = {"head.layer5": 1e-2, "default.layer4": 7.5e-4}
@@ -205,7 +211,7 @@ def test_fine_tuning(tmp_path):
     # The page shows the report as the script prints it (after the warm-up it is the
     # same in both modes), and the full run's table as its output has it.
     page = (ROOT / "docs" / "examples" / "fine_tuning.md").read_text()
-    shown = page.split("with the base rate 1e-3:\n\n```text\n")[1].split("```")[0]
+    shown = page.split("one line per group and layer):\n\n```text\n")[1].split("```")[0]
     printed = stdout.split("3 groups,", 1)[1].split("rates after the warm-up")[0]
     assert shown == "3 groups," + printed, stdout
     output = (ROOT / "docs" / "examples" / "fine_tuning.txt").read_text()
