@@ -138,6 +138,8 @@ def optimiser_step(name, params, grads, args) -> dict:
             steps[variant] = steps["device"]
         carried[variant] = (jax.tree.map(jnp.copy, params), state)
         del state
+        if variant != "device-aa":
+            row[f"{variant} program"] = program(steps[variant], carried[variant])
     if args.rounds:
         row["time"] = interleaved(steps, carried, args)
     else:
@@ -146,6 +148,18 @@ def optimiser_step(name, params, grads, args) -> dict:
     # As many steps each: the params and the state must be the same bits.
     row["bitwise"] = _bits(carried["device"]) == _bits(carried["offload"])
     return row
+
+
+def program(step, args) -> dict:
+    """What XLA compiled: its fused kernels, its transfers between memories
+    (asynchronous copies) and its temporaries' bytes."""
+    compiled = step.lower(*args).compile()
+    text = compiled.as_text()
+    return {
+        "fusions": text.count(" fusion("),
+        "transfers": text.count(" copy-start("),
+        "temporaries": compiled.memory_analysis().temp_size_in_bytes,
+    }
 
 
 def _bits(tree) -> list[bytes]:
@@ -289,6 +303,17 @@ def run(args) -> None:
         )
     checks = {name: zero_check(name, params, grads) for name in ordered}
     results["zero check"] = checks
+    print(
+        "compiled step, on the device -> offloaded: "
+        + "; ".join(
+            f"{r['optimiser']} "
+            + ", ".join(
+                f"{key} {r['device program'][key]} -> {r['offload program'][key]}"
+                for key in ("fusions", "transfers", "temporaries")
+            )
+            for r in results["optimiser step"]
+        )
+    )
     print(
         "bit for bit the on-device state after as many steps: "
         + ", ".join(

@@ -101,18 +101,19 @@ class Offload(AbstractGradientTransformation):
       or bucketed state moves as whole buffers.
     - **Small leaves** (fewer than `min_size` elements: biases, norms) and
       scalars (the step count) stay in device memory.
-    - **Checkpoints** save as any state; `to_host` puts a restored state back
-      in host memory, and a state restored to the device also trains (`update`
-      moves whatever is on the host to the device, and returns the state on
-      the host).
+    - **Checkpoints** save as any state; `to_host` puts a state restored onto
+      the device back in host memory. Before a step that donates the state,
+      it must be there (see below); a step that does not donate it also takes
+      it on the device (`update` returns it on the host).
 
     - **Donating the state** (`eqx.filter_jit(donate=...)`): JAX 0.10 pairs
       each donated input with an output of the same shape and dtype, in order,
       without reading memory kinds when the `jit` has no `out_shardings`. A
       step that takes and returns the model and the state in the same order
       (as below) pairs each buffer with its own output; one that returns the
-      state before the model can pair a host buffer with a device output,
-      which fails. Keep that order, or donate only the model.
+      state before the model, or takes a state that is on the device, can
+      pair buffers in different memories, which fails. Keep that order and
+      the state in host memory, or do not donate.
 
     On a CPU, host and device memory are the same RAM: the state carries the
     `pinned_host` kind and the transfers compile to nothing. Needs a backend
