@@ -168,7 +168,9 @@ class Group(eqx.Module):
         if isinstance(select, list):
             select = tuple(select)
         self.select = select
-        self.name = _describe(select) if name is None else name
+        if name is None:
+            name = select if isinstance(select, str) else _describe(select)
+        self.name = name
         self.lr_mult = _check_multiplier(self.name, "lr_mult", lr_mult)
         self.wd_mult = _check_multiplier(self.name, "wd_mult", wd_mult)
         self.optimiser = optimiser
