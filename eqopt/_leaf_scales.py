@@ -129,36 +129,48 @@ def scale_leaves(updates: Any, factor: Any, scales: LeafScales, cast: bool) -> A
 
 @no_type_check
 def decay_leaves(
-    updates: Any, params: Any, weight_decay: Any, scales: LeafScales, selected: Any
+    updates: Any,
+    params: Any,
+    weight_decay: Any,
+    scales: LeafScales | None,
+    selected: Any,
 ) -> Any:
-    """`g + (weight_decay * m) * p` per leaf, where `selected` (per leaf, or per buffer
-    of a packed tree: `True`, `False` or a boolean array) says to decay."""
-    scales.check(params, "params")
+    """`g + (weight_decay * m) * p` per leaf (`m` its multiplier; without `scales`,
+    `g + weight_decay * p`), where `selected` (per leaf, or per buffer of a packed
+    tree: `True`, `False` or a boolean array) says to decay."""
+    if scales is not None:
+        scales.check(params, "params")
     # Not cast: a strongly typed decay (a schedule's value) promotes the update,
     # as it does without groups.
-    weight_decay, cast = jnp.asarray(weight_decay), False
+    weight_decay = jnp.asarray(weight_decay)
+
+    def rate(m, dtype):
+        return weight_decay if m is None else _times(weight_decay, m, dtype, False)
+
     if isinstance(params, Packed):
+        multipliers = (
+            (None,) * len(params.buffers)
+            if scales is None
+            else scales.per_buffer(params.layout)
+        )
         buffers = []
         for g, p, m, mask in zip(
-            updates.buffers,
-            params.buffers,
-            scales.per_buffer(params.layout),
-            selected,
-            strict=True,
+            updates.buffers, params.buffers, multipliers, selected, strict=True
         ):
             if g is None or mask is False:
                 buffers.append(g)
                 continue
-            decayed = g + _times(weight_decay, m, p.dtype, cast) * p
+            decayed = g + rate(m, p.dtype) * p
             buffers.append(decayed if mask is True else jnp.where(mask, decayed, g))
         return Packed(buffers=tuple(buffers), rest=updates.rest, layout=updates.layout)
     g_leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
     p_leaves = treedef.flatten_up_to(params)
     flags = treedef.flatten_up_to(selected)
+    factors = (None,) * len(g_leaves) if scales is None else scales.factors
     out = []
-    for g, p, m, flag in zip(g_leaves, p_leaves, scales.factors, flags, strict=True):
-        if g is None or p is None or m is None or not flag:
+    for g, p, m, flag in zip(g_leaves, p_leaves, factors, flags, strict=True):
+        if g is None or p is None or not flag or (scales is not None and m is None):
             out.append(g)
         else:
-            out.append(_times(weight_decay, m, p.dtype, cast) * p + g)
+            out.append(rate(m, p.dtype) * p + g)
     return jax.tree.unflatten(treedef, out)

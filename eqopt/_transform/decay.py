@@ -1,10 +1,9 @@
 """Decoupled weight decay."""
 
-from typing import Any, cast
+from typing import Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 
 from .._base import AbstractGradientTransformation, OptState, Params, Updates
 from .._entry import init_entry, update_entry
@@ -100,66 +99,35 @@ class AddDecayedWeights(AbstractGradientTransformation):
         weight_decay, state = current_value(self.weight_decay, state)
         if params is None:  # nothing to decay (an empty group of a partition)
             return updates, state
-        if self.scales is not None:
-            return _decay_scaled(self, weight_decay, updates, params), state
-        if self.mask is None:
-            return leafwise(lambda g, p: weight_decay * p + g, updates, params), state
-        if isinstance(params, Packed) and isinstance(updates, Packed):
-            return cast(
-                Any, _decay_packed(self.mask, weight_decay, updates, params)
-            ), state
-        if contains_packed(updates, params):
-            reference = updates if contains_packed(updates) else params
-            new = self.update(
-                unpack_all(updates), state, unpack_all(params), **extra_args
-            )
-            return repack_like(reference, new[0]), new[1]
-        mask = select_trainable(self.mask, params, what="weight-decay mask")
-        return leafwise(
-            lambda g, p, selected: weight_decay * p + g if selected else g,
-            updates,
-            params,
-            mask,
-        ), state
+        return _decayed(self.mask, self.scales, weight_decay, updates, params), state
 
 
-def _decay_packed(mask_spec, weight_decay, updates, params):
-    # A per-leaf mask on packed buffers: decay the selected segments of each buffer.
-    selected = select_trainable(mask_spec, params.unpack(), what="weight-decay mask")
-    buffers = []
-    for update, param, mask in zip(
-        updates.buffers, params.buffers, params.segment_masks(selected), strict=True
-    ):
-        if update is None or mask is False:
-            buffers.append(update)
-        elif mask is True:
-            buffers.append(update + weight_decay * param)
-        else:
-            buffers.append(jnp.where(mask, update + weight_decay * param, update))
-    return Packed(buffers=tuple(buffers), rest=updates.rest, layout=updates.layout)
-
-
-def _decay_scaled(transform, weight_decay, updates, params):
-    # Per-leaf multipliers (`eqopt.param_groups`), with the mask if there is one.
+def _decayed(mask_spec, scales, weight_decay, updates, params):
+    """`updates + weight_decay * params` on the leaves `mask_spec` selects, the decay
+    times each leaf's multiplier (`scales`, from `eqopt.param_groups`)."""
+    if mask_spec is None and scales is None:
+        return leafwise(lambda g, p: weight_decay * p + g, updates, params)
     if isinstance(params, Packed) and isinstance(updates, Packed):
-        if transform.mask is None:
+        # A mask selects segments of the packed buffers.
+        if mask_spec is None:
             selected = (True,) * len(params.buffers)
         else:
-            unpacked = params.unpack()
-            mask = select_trainable(transform.mask, unpacked, what="weight-decay mask")
+            mask = select_trainable(
+                mask_spec, params.unpack(), what="weight-decay mask"
+            )
             selected = params.segment_masks(mask)
-        return decay_leaves(updates, params, weight_decay, transform.scales, selected)
+        return decay_leaves(updates, params, weight_decay, scales, selected)
     if contains_packed(updates, params):
         reference = updates if contains_packed(updates) else params
-        new = _decay_scaled(
-            transform, weight_decay, unpack_all(updates), unpack_all(params)
+        new = _decayed(
+            mask_spec, scales, weight_decay, unpack_all(updates), unpack_all(params)
         )
         return repack_like(reference, new)
-    if transform.mask is None:
+    if mask_spec is None:
         selected = jax.tree.map(lambda _: True, params, is_leaf=is_none)
     else:
-        selected = select_trainable(transform.mask, params, what="weight-decay mask")
-    return decay_leaves(updates, params, weight_decay, transform.scales, selected)
+        selected = select_trainable(mask_spec, params, what="weight-decay mask")
+    return decay_leaves(updates, params, weight_decay, scales, selected)
 
 
 @checked
