@@ -5,6 +5,8 @@ Split from `step_bench.py`, which imports (and re-exports) these.
 
 import math
 import statistics
+import sys
+import time
 
 #: What is timed (see `step_bench.py`).
 LIBRARIES = ("optax", "optax-aa", "eqopt", "eqopt-bucketed", "eqopt-packed")
@@ -180,3 +182,36 @@ def markdown_table(header, rows, numeric):
     )
     out.extend(line(row) for row in rows)
     return "\n".join(out)
+
+
+def finish_args(parser, args, argv, variants, base, quick):
+    """The command line's variants (in `variants`' order, `base` always) and, with
+    `--quick`, the `quick` values of every option not given."""
+    chosen = set(args.variants.split(","))
+    unknown = chosen - set(variants)
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}: choose from {variants}")
+    args.variants = tuple(v for v in variants if v in chosen | {base})
+    if args.quick:
+        given = {
+            a.lstrip("-").split("=")[0].replace("-", "_")
+            for a in (argv or sys.argv[1:])
+        }
+        for key, value in quick.items():
+            if key not in given:
+                setattr(args, key, value)
+    return args
+
+
+def stderr_log():
+    """A `log(message)` that prints to stderr with the seconds since it was made."""
+    start = time.perf_counter()
+
+    def log(message):
+        print(
+            f"[{time.perf_counter() - start:7.1f}s] {message}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return log

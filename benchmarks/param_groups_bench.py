@@ -61,7 +61,12 @@ import optax  # noqa: E402
 from jax.tree_util import GetAttrKey, SequenceKey  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_report import geometric_mean, markdown_table  # noqa: E402
+from bench_report import (  # noqa: E402
+    finish_args,
+    geometric_mean,
+    markdown_table,
+    stderr_log,
+)
 
 import eqopt  # noqa: E402
 
@@ -537,32 +542,12 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="also write every measurement to this file")
     args = parser.parse_args(argv)
-    chosen = set(args.variants.split(","))
-    unknown = chosen - set(VARIANTS)
-    if unknown:
-        parser.error(f"unknown variants {sorted(unknown)}: choose from {VARIANTS}")
-    args.variants = tuple(v for v in VARIANTS if v in chosen | {BASE})
-    if args.quick:
-        given = {
-            a.lstrip("-").split("=")[0].replace("-", "_")
-            for a in (argv or sys.argv[1:])
-        }
-        for key, value in QUICK.items():
-            if key not in given:
-                setattr(args, key, value)
-    return args
+    return finish_args(parser, args, argv, VARIANTS, BASE, QUICK)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    start = time.perf_counter()
-
-    def log(message):
-        print(
-            f"[{time.perf_counter() - start:7.1f}s] {message}",
-            file=sys.stderr,
-            flush=True,
-        )
+    log = stderr_log()
 
     machine = (
         f"{jax.devices()[0].device_kind}, {platform.machine()}, {os.cpu_count()} cores"
