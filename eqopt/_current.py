@@ -1,5 +1,6 @@
 """Reading the hyperparameters an optimiser uses now: scheduled ones at the state's step."""
 
+import collections
 import dataclasses
 from collections.abc import Hashable
 from typing import Any, cast
@@ -11,7 +12,7 @@ from jaxtyping import Array
 from ._base import AbstractGradientTransformation, OptState
 from ._combine import Chain, Partition
 from ._groups import DEFAULT
-from ._hyper import is_hyperparameter_field, weakly_typed
+from ._hyper import check_hyperparameters, is_hyperparameter_field, weakly_typed
 from ._param_groups import ParamGroups, ParamGroupsState
 from ._scheduled import ScaleByScheduleState
 from ._typecheck import checked
@@ -36,10 +37,16 @@ def current_hyperparams(
     field of the state (an integer field `count` works too). A schedule whose
     state holds no such count, or several, raises a `TypeError` that says so.
 
-    A hyperparameter is keyed by its name (`"learning_rate"`, `"b1"`) where that
-    name is unique in the optimiser, and otherwise by the names of the parts that
-    lead to it, joined with dots (`"matrices.learning_rate"` and
-    `"vectors.learning_rate"` for the two groups of a partition).
+    Keys. Every hyperparameter is under its full key: the names of the parts
+    that lead to it and its own name, joined with dots
+    (`"scale_by_adam.b1"` and `"scale_by_learning_rate.learning_rate"` for
+    `eqopt.adamw`; `"matrices.scale_by_learning_rate.learning_rate"` in the
+    branch `matrices` of a partition; the bare name for a transform that is
+    not a combinator or wrapper). A full key depends only on the path to the
+    hyperparameter, so adding a part elsewhere never renames it: log these.
+    Where a name is used by one hyperparameter only, it is also under that
+    name alone (`"learning_rate"`), a shortcut that disappears once another
+    part with a hyperparameter of the same name is added.
 
     **Arguments:**
 
@@ -59,22 +66,17 @@ def current_hyperparams(
         eqopt.current_hyperparams(opt, state)["learning_rate"]  # after the steps taken
         ```
     """
+    check_hyperparameters(transform)
     found: list[tuple[tuple[str, ...], Any]] = []
     _collect(transform, state, (), found)
-    # As `update` sees them: weakly typed (also NumPy ones, from `eqopt.on_host`).
-    return {
-        _key(path, found): weakly_typed(jnp.asarray(value)) for path, value in found
-    }
-
-
-def _key(path: tuple[str, ...], found: list) -> str:
-    # The name alone if unique; else the fewest leading part names that tell it
-    # apart from the others of the same name, then the name.
-    others = [p for p, _ in found if p[-1] == path[-1] and p != path]
-    for length in range(len(path)):
-        if not any(p[:length] == path[:length] for p in others):
-            return ".".join((*path[:length], path[-1]))
-    return ".".join(path)
+    names = collections.Counter(path[-1] for path, _ in found)
+    values: dict[str, Array] = {}
+    for path, value in found:
+        # As `update` sees them: weakly typed (also NumPy ones, from `eqopt.on_host`).
+        values[".".join(path)] = weakly_typed(jnp.asarray(value))
+        if names[path[-1]] == 1:
+            values[path[-1]] = values[".".join(path)]
+    return values
 
 
 def _collect(transform: Any, state: Any, path: tuple[str, ...], found: list) -> None:

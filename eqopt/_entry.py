@@ -14,6 +14,10 @@ class ScaleByAdam(AbstractGradientTransformation):
 and the decorator is all that runs between the caller and the method's body.
 In order, for `update`:
 
+0. **Hyperparameters checked** (`eqopt._hyper.check_hyperparameters`) on a
+   user's call: one set after construction (`eqx.tree_at`) meets the
+   constructor's check, at trace time under `jit`, once per optimiser object
+   when eager.
 1. **Hyperparameters weakly typed** (`eqopt._hyper.weak_hyperparameters`): a
    NumPy or strongly-typed scalar hyperparameter never promotes a `bfloat16`
    computation. Already-weak leaves are kept, so nested transforms pay a
@@ -35,9 +39,9 @@ In order, for `update`:
 5. **The type check** of the method's annotations (`eqopt._typecheck`):
    jaxtyping and beartype, built on the first call, one short error.
 
-Steps 3 and 5 run when the call comes from outside eqopt
+Steps 0, 3 and 5 run when the call comes from outside eqopt
 (`eqopt._typecheck.called_from_eqopt`): a chain calling its parts passes on
-what its own entry checked. `init` runs steps 1, 4 and 5, and gives the
+what its own entry checked. `init` runs steps 0, 1, 4 and 5, and gives the
 `eqopt.PerformanceHint` (once per process) when called from outside eqopt.
 
 An input error (an `eqopt.ArgumentTypeError`, or the `ValueError` of a
@@ -62,7 +66,7 @@ from ._fused._pack import (
     unpack_all,
     worth_bucketing,
 )
-from ._hyper import weak_hyperparameters
+from ._hyper import check_hyperparameters, weak_hyperparameters
 from ._leaves import InputError, drop_float0, is_none, outside_eqopt
 from ._quantize import is_quantized, with_lookup
 from ._typecheck import (
@@ -116,13 +120,14 @@ def init_entry(method: _Method) -> _Method:
 
     @functools.wraps(method)
     def init(self, params):
-        self = weak_hyperparameters(self)
+        given, self = self, weak_hyperparameters(self)
         if called_from_eqopt(1):
             # A part's `init`, called by its chain or wrapper.
             return _init(method, self, params)
         if not caller_is_eqopt(1):  # the outermost `init`
             _hint_bucketing(self, params)
         try:
+            check_hyperparameters(given)
             return _init(check, self, params)
         except _INPUT_ERRORS as error:
             if _FULL_TRACEBACKS:
@@ -149,7 +154,7 @@ def update_entry(method: _Method) -> _Method:
 
     @functools.wraps(method)
     def update(self, updates, state, params=None, **extra_args):
-        self = weak_hyperparameters(self)
+        given, self = self, weak_hyperparameters(self)
         # (Dropped at every entry: eqopt's own callers of a whole optimiser, a
         # `TrainState` or a ZeRO plan, pass the user's gradients on.)
         updates = drop_float0(updates)
@@ -158,6 +163,7 @@ def update_entry(method: _Method) -> _Method:
             # outer entry checked.
             return _update(method, self, updates, state, params, extra_args)
         try:
+            check_hyperparameters(given)
             if self.params_like_updates:
                 check_structure(
                     updates, params, not self.per_example_updates, _unpacks(self)

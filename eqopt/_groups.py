@@ -146,6 +146,39 @@ class Group(eqx.Module):
 
     Multipliers keep one optimiser with one state; an override or an
     optimiser makes the group a branch of an `eqopt.partition` underneath.
+
+    **The first matching group wins.** Groups are tried in the order given and
+    a leaf joins the first whose `select` matches it (leaves that no group
+    selects join the group `default`); later groups never see it. So a leaf
+    that two rules apply to needs a group of its own, placed first, that says
+    both: below, the head's bias gets the head's 10x rate and no weight decay,
+    which neither of the two broader groups would give it.
+
+    !!! example
+
+        ```python
+        class Classifier(eqx.Module):
+            body: eqx.nn.MLP
+            norm: eqx.nn.LayerNorm
+            head: eqx.nn.Linear
+
+        key1, key2 = jax.random.split(jax.random.key(0))
+        model = Classifier(
+            eqx.nn.MLP(8, 16, 16, 2, key=key1),
+            eqx.nn.LayerNorm(16),
+            eqx.nn.Linear(16, 3, key=key2),
+        )
+        opt = eqopt.param_groups(
+            eqopt.adamw(1e-3, weight_decay=0.05),
+            groups=[
+                eqopt.Group(r"^head\.bias$", name="head_bias", lr_mult=10, wd_mult=0),
+                eqopt.Group(r"^head\.", name="head", lr_mult=10),
+                eqopt.Group((eqx.nn.LayerNorm, r"\.bias$"), name="no_decay", wd_mult=0),
+            ],
+        )
+        state = opt.init(model)
+        print(eqopt.param_groups_report(opt, state))
+        ```
     """
 
     select: Any
@@ -483,7 +516,7 @@ def resolve(
         shown = ", ".join(unmatched[:8]) + (", ..." if len(unmatched) > 8 else "")
         raise InputError(
             f"param_groups(strict=True): {len(unmatched)} parameters are in no group: "
-            f"{shown}. Add a group for them, or pass strict=True to put them in the "
+            f"{shown}. Add a group for them, or pass strict=False to put them in the "
             "default group."
         )
     if frozen is not None:

@@ -19,11 +19,14 @@ pyright. (pyright reads a converter only
 when it is passed to `eqx.field` itself, which is why there is no wrapper
 factory.) `check_fields`, run by the base classes' `__check_init__`, then refuses
 anything a converter could not turn into what the annotation says, naming the
-hyperparameter.
+hyperparameter. A hyperparameter set after construction (`eqx.tree_at`) meets
+the same check at the first `init` or `update` it reaches
+(`check_hyperparameters`, run by their entries on a user's call).
 """
 
 import dataclasses
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any, TypeAlias
 
 import equinox as eqx
@@ -33,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int, Real
 
-from ._typecheck import checked
+from ._typecheck import ArgumentTypeError, checked
 
 #: What a scalar hyperparameter field holds: a float JAX scalar (weakly typed
 #: when made from a number), or a NumPy 0-d array after `eqopt.on_host`.
@@ -272,14 +275,15 @@ def _passes_unchecked(value: Any, schedule_allowed: bool, none_allowed: bool) ->
     return schedule_allowed and callable(value) and not eqx.is_array(value)
 
 
-def check_fields(module: eqx.Module) -> None:
+def check_fields(module: eqx.Module, values: bool = True) -> None:
     """Checks every hyperparameter field of `module` against what it may hold.
 
     A field is a hyperparameter when its converter is one of this module's. A
     value of the wrong kind (a string, `None` where not allowed, an array that
-    is not 0-d, a complex or boolean number) raises one `TypeError`; a concrete
-    value that is not finite raises a `ValueError`. Both name the class and the
-    field. Traced values are checked for shape and dtype only.
+    is not 0-d, a complex or boolean number) raises one `TypeError`; with
+    `values`, a concrete value that is not finite raises a `ValueError`. Both
+    name the class and the field. Traced values are checked for shape and dtype
+    only.
     """
     for field in dataclasses.fields(module):
         if field.name == "dtype" or field.name.endswith("_dtype"):
@@ -310,10 +314,56 @@ def check_fields(module: eqx.Module) -> None:
             )
         # In NumPy: checked in Python even while tracing (a `jnp` function of a
         # NumPy constant is staged out under `jit`).
-        if is_concrete(value) and not bool(np.isfinite(np.asarray(value))):
+        if values and is_concrete(value) and not bool(np.isfinite(np.asarray(value))):
             raise ValueError(
                 f"{owner}: hyperparameter `{field.name}` must be finite, got {value.item()}."
             )
+
+
+# The optimisers whose hyperparameters `check_hyperparameters` has checked, by
+# identity: Modules are immutable, so a checked one stays valid (`eqx.tree_at`
+# makes a new object). The entry goes when the object does.
+_CHECKED: dict[int, weakref.ref] = {}
+
+
+def _modules(tree: Any) -> Iterator[eqx.Module]:
+    # Every Module in `tree` (fields, tuples, lists, dict values), depth first.
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, eqx.Module):
+            yield node
+            stack.extend(getattr(node, f.name, None) for f in dataclasses.fields(node))
+        elif isinstance(node, (tuple, list)):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            stack.extend(node.values())
+
+
+def check_hyperparameters(transform: Any) -> None:
+    """Checks the hyperparameters of `transform` and of every Module inside it.
+
+    What the constructors check (`check_fields`, types and shapes), for a value
+    set after construction, such as `eqx.tree_at(..., opt, "1e-3")`: one
+    `eqopt.ArgumentTypeError` naming the class and the hyperparameter. Run by
+    the entries of a user's `init` and `update`: at trace time under `jit`, and
+    once per optimiser object when eager.
+    """
+    key = id(transform)
+    known = _CHECKED.get(key)
+    if known is not None and known() is transform:
+        return
+    try:
+        for module in _modules(transform):
+            check_fields(module, values=False)
+    except TypeError as error:
+        raise ArgumentTypeError(str(error)) from None
+    try:
+        _CHECKED[key] = weakref.ref(
+            transform, lambda _, key=key: _CHECKED.pop(key, None)
+        )
+    except TypeError:  # not weakly referable: checked at every call
+        pass
 
 
 def _check_dtype(owner: str, name: str, value: Any) -> None:

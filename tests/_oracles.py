@@ -44,3 +44,28 @@ def import_oracle(module: str, package: str | None = None) -> Any:
         return importlib.import_module(module)
     except Exception as error:  # noqa: BLE001 - any import failure is a missing oracle
         missing_oracle(package or module, error)
+
+
+# The tests that skipped for a missing oracle, recorded for `.ci/run`: it runs
+# the README's test command in a fresh environment without the oracles, then
+# installs them and runs exactly these tests again with EQOPT_REQUIRE_ORACLES=1.
+SKIPS_FILE = "EQOPT_ORACLE_SKIPS_FILE"
+_MARK = "install the `oracles` extra"
+
+
+def is_oracle_skip(report: Any) -> bool:
+    """Whether a test report is a skip for a missing oracle (`missing_oracle`)."""
+    if not report.skipped or not isinstance(report.longrepr, tuple):
+        return False
+    return _MARK in str(report.longrepr[-1])
+
+
+def write_oracle_skips(nodeids: set[str]) -> None:
+    """Writes the node ids to the file named by `EQOPT_ORACLE_SKIPS_FILE`, one a line.
+
+    pytest reads such a file as its arguments (`pytest @file`).
+    """
+    path = os.environ.get(SKIPS_FILE)
+    if path:
+        with open(path, "w", encoding="utf-8") as file:
+            file.writelines(f"{nodeid}\n" for nodeid in sorted(nodeids))

@@ -23,3 +23,18 @@ import eqopt._typecheck  # noqa: E402
 eqopt._typecheck.CHECK_CALLS_FROM_EQOPT = True
 
 assert not jaxtyping.config.jaxtyping_disable, "tests must run with type checking on"
+
+import _oracles  # noqa: E402
+
+_oracle_skips: set[str] = set()
+
+
+def pytest_runtest_logreport(report):
+    # With xdist the controller sees every worker's reports; recording there only.
+    if _oracles.is_oracle_skip(report):
+        _oracle_skips.add(report.nodeid)
+
+
+def pytest_sessionfinish(session):
+    if not hasattr(session.config, "workerinput"):
+        _oracles.write_oracle_skips(_oracle_skips)

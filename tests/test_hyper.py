@@ -218,3 +218,61 @@ def test_check_decays_and_its_use_in_a_transform():
         check_decays(Decays(b1=1.0), "b1")
     with pytest.raises(ValueError, match="`b2`"):
         eqopt.scale_by_adam(b2=1.5)
+
+
+# ---------------------------------------------------------------------------
+# A hyperparameter set after construction meets the constructor's check
+# ---------------------------------------------------------------------------
+
+
+def _set_learning_rate(value):
+    opt = eqopt.adamw(1e-3)
+    return eqx.tree_at(lambda o: o.scale_by_learning_rate.learning_rate, opt, value)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_wrong_type_set_after_construction_is_refused_at_update(jit):
+    params = {"w": jnp.ones(3)}
+    state = eqopt.adamw(1e-3).init(params)
+    opt = _set_learning_rate("1e-3")
+    update = lambda opt, g, s: opt.update(g, s, g)  # noqa: E731
+    with pytest.raises(eqopt.ArgumentTypeError) as raised:
+        (eqx.filter_jit(update) if jit else update)(opt, params, state)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith("ScaleByLearningRate: hyperparameter `learning_rate`")
+    assert "got str '1e-3'" in message and "Pass a number" in message
+    # The same check, from `init` and from `current_hyperparams`.
+    for call in (
+        lambda: opt.init(params),
+        lambda: eqopt.current_hyperparams(opt, state),
+    ):
+        with pytest.raises(eqopt.ArgumentTypeError, match="`learning_rate`"):
+            call()
+
+
+def test_wrong_shape_in_a_schedule_set_after_construction_is_refused():
+    schedule = eqopt.cosine_decay_schedule(1e-3, 10)
+    opt = eqx.tree_at(
+        lambda o: o.scale_by_learning_rate.learning_rate.init_value,
+        eqopt.adamw(schedule),
+        jnp.ones(3),
+    )
+    params = {"w": jnp.ones(3)}
+    with pytest.raises(eqopt.ArgumentTypeError, match="`init_value`.*vmap"):
+        opt.init(params)
+
+
+def test_hyperparameters_checked_once_per_optimiser_when_eager(monkeypatch):
+    opt, params = eqopt.adamw(1e-3), {"w": jnp.ones(3)}
+    state = opt.init(params)
+    calls = []
+    monkeypatch.setattr(_hyper, "check_fields", lambda m, values=True: calls.append(m))
+    for _ in range(3):
+        _, state = opt.update(params, state, params)
+    assert calls == []  # checked already, at `init`
+    changed = eqx.tree_at(lambda o: o.scale_by_learning_rate.learning_rate, opt, 0.5)
+    changed.update(params, state, params)
+    checked_once = len(calls)
+    changed.update(params, state, params)
+    assert checked_once > 0 and len(calls) == checked_once

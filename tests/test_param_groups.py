@@ -430,6 +430,11 @@ def test_bad_configurations():
         lambda: eqopt.param_groups(adamw, [HEAD, NO_DECAY], strict=True),
         model,
     )
+    _error(  # the way out it names is the other setting
+        r"Add a group for them, or pass strict=False to put them in the default group",
+        lambda: eqopt.param_groups(adamw, [HEAD, NO_DECAY], strict=True),
+        model,
+    )
     _error(
         r"layer_decay found no list of layers",
         lambda: eqopt.param_groups(adamw, layer_decay=eqopt.layer_decay(0.9)),

@@ -268,9 +268,37 @@ def test_current_hyperparams_names_repeats_by_their_part():
     state = opt.init(model)
     _, state = opt.update(_grads(model), state, model)
     values = eqopt.current_hyperparams(opt, state)
-    np.testing.assert_allclose(values["matrices.learning_rate"], 0.9, rtol=1e-6)
-    np.testing.assert_allclose(values["vectors.learning_rate"], 0.1)
+    key = "scale_by_learning_rate.learning_rate"
+    np.testing.assert_allclose(values[f"matrices.{key}"], 0.9, rtol=1e-6)
+    np.testing.assert_allclose(values[f"vectors.{key}"], 0.1)
     assert "learning_rate" not in values
+
+
+def test_current_hyperparams_full_keys_do_not_move_when_a_part_is_added():
+    model = _mlp()
+    adamw = eqopt.adamw(1e-3, weight_decay=1e-2)
+    before = eqopt.current_hyperparams(adamw, adamw.init(model))
+    assert {"b1", "eps", "learning_rate", "weight_decay"} <= set(before)
+    full = {k: v for k, v in before.items() if "." in k}
+    assert set(full) == {
+        "scale_by_adam.b1",
+        "scale_by_adam.b2",
+        "scale_by_adam.eps",
+        "scale_by_adam.eps_root",
+        "add_decayed_weights.weight_decay",
+        "scale_by_learning_rate.learning_rate",
+    }
+    # A second part with an `eps` and a `learning_rate` of its own: the full
+    # keys stay; only the shortcuts of the shared names go.
+    opt = eqopt.named_chain(
+        ("adamw", adamw),
+        ("sgd", eqopt.chain(eqopt.scale_by_rms(eps=1e-3), eqopt.sgd(0.1))),
+    )
+    after = eqopt.current_hyperparams(opt, opt.init(model))
+    for key, value in full.items():
+        np.testing.assert_allclose(after[f"adamw.{key}"], value)
+    assert "learning_rate" not in after and "eps" not in after
+    assert after["b1"] == before["b1"]  # still the only `b1`
 
 
 def test_current_hyperparams_of_injected_and_wrapped_optimisers():
