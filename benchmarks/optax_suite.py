@@ -1,61 +1,71 @@
 """Run Optax's own tests with `optax` resolved to eqopt.
 
-    JAX_PLATFORMS=cpu python benchmarks/optax_suite.py
+    JAX_PLATFORMS=cpu python benchmarks/optax_suite.py --optax --json optax.json
+    JAX_PLATFORMS=cpu python benchmarks/optax_suite.py --baseline optax.json
 
-The test files come from the installed Optax package (`_src/alias_test.py`,
-`_src/transform_test.py`, `_src/combine_test.py`, `transforms/*_test.py`,
-`schedules/*_test.py`, `losses/*_test.py`). They are copied to a temporary
-directory and run there by pytest in one process, with a `conftest.py` that
-puts a shim first on `sys.meta_path`: every `optax` module a test imports is a
-shim whose attributes are looked up in eqopt (the map is printed with
-`--show-map`). Only two Optax files are used as they are, both test helpers:
-`optax._src.test_utils` (tree assertions on plain arrays) and
-`optax._src.alias_test` (imported by the schedule tests); their own `optax`
-imports go to the shim too. Nothing of Optax's library code runs.
+The test files are every `*_test.py` of the installed Optax package (52 in
+Optax 0.2.8: `_src/`, `contrib/`, `losses/`, `schedules/`, `transforms/`,
+`tree_utils/`, `microbatching/`, `projections/`, `perturbations/`,
+`assignment/`, `experimental/` and `optax_test.py`). They are copied to a
+temporary directory and run there by pytest, with a `conftest.py` that puts a
+shim first on `sys.meta_path`: every `optax` module a test imports is a shim
+whose attributes are looked up in eqopt's module of the same name
+(`optax.tree_utils` in `eqopt.tree_utils`, `optax.transforms` in
+`eqopt.transforms`...; the map is printed with `--show-map`). Only two Optax
+files are used as they are, both test helpers: `optax._src.test_utils` (tree
+assertions on plain arrays) and `optax._src.alias_test` (imported by the
+schedule tests); their own `optax` imports go to the shim too. Nothing of
+Optax's library code runs.
 
 A private Optax name (`transform._precondition_by_lbfgs`) is not mapped: the
-test fails with an AttributeError and is listed as "private".
+test fails with an AttributeError and is listed as "private". Each failure
+gets a class (`optax_suite_report.py`): deliberate (with its reason, on
+"Coming from Optax"), private, missing public name, bug, or "fails against
+Optax too" (given `--baseline`).
 
-`--optax` runs the same files against the real Optax (the baseline count).
-`--eqopt-path DIR` puts DIR first on the path, to run another eqopt checkout
-(`git archive REV eqopt | tar -x -C DIR`). `--json FILE` writes the results.
+`--optax` runs the same files against the real Optax (the baseline count);
+`--baseline FILE` (its `--json`) prints both counts per file as a Markdown
+table. `-n N` runs N pytest-xdist workers. `--eqopt-path DIR` puts DIR first
+on the path, to run another eqopt checkout (`git archive REV eqopt | tar -x
+-C DIR`). `--json FILE` writes the results; `--keep` keeps the temporary
+directory, and `--records DIR/results.jsonl` summarises a kept run again
+without running it.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import glob
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
-SUITES = (
-    "_src/alias_test.py",
-    "_src/transform_test.py",
-    "_src/combine_test.py",
-    "transforms/*_test.py",
-    "schedules/*_test.py",
-    "losses/*_test.py",
-)
+from optax_suite_report import file_of, summarise
+
+# Every test file Optax ships (52 in Optax 0.2.8): `_src/`, `contrib/`,
+# `losses/`, `schedules/`, `transforms/`, `tree_utils/`, `microbatching/`,
+# `projections/`, `perturbations/`, `assignment/`, `experimental/` and the
+# top-level `optax_test.py`.
+SUITES = ("*_test.py", "*/*_test.py")
 
 # Optax module (or package prefix) -> the eqopt modules its names are looked up
-# in, in order. The longest matching prefix wins; a private submodule
-# (`optax.losses._classification`) resolves as its package.
+# in, in order: each Optax module goes to eqopt's module of the same name. The
+# longest matching prefix wins; a private submodule
+# (`optax.losses._classification`) resolves as its package, then as `eqopt`
+# (Optax's private modules hold names its packages do not export).
 SHIM_MAP = {
     "optax": ("eqopt",),
     "optax._src": ("eqopt",),
     "optax._src.schedule": ("eqopt.schedules", "eqopt"),
-    "optax.transforms": ("eqopt",),
+    "optax.transforms": ("eqopt.transforms",),
     "optax.schedules": ("eqopt.schedules", "eqopt"),
     "optax.losses": ("eqopt.losses",),
     "optax.tree": ("eqopt.tree",),
-    "optax.tree_utils": ("eqopt.tree",),
+    "optax.tree_utils": ("eqopt.tree_utils",),
     "optax.contrib": ("eqopt.contrib",),
     "optax.projections": ("eqopt.projections",),
     "optax.second_order": ("eqopt.second_order",),
@@ -63,13 +73,15 @@ SHIM_MAP = {
     "optax.microbatching": ("eqopt.microbatching",),
     "optax.perturbations": ("eqopt.perturbations",),
     "optax.monte_carlo": ("eqopt.monte_carlo",),
+    "optax.experimental": ("eqopt.experimental",),
 }
 
 # Optax names spelt differently in eqopt, looked up before the map: Optax's
-# type alias for a tree, and its stateful-schedule protocol (eqopt's base class
+# type aliases for a tree and a shape (`base.Shape`), and its stateful-schedule protocol (eqopt's base class
 # for stateful schedules; eqopt accepts any object with the protocol as well).
 RENAMES = {
     "ArrayTree": ("typing", "Any"),
+    "Shape": ("typing", "Any"),
     "StatefulSchedule": ("eqopt", "AbstractStatefulSchedule"),
 }
 
@@ -99,6 +111,7 @@ import pytest
 
 SHIM_MAP = {shim_map!r}
 REAL_HELPERS = {real_helpers!r}
+OPTAX_MODULES = {optax_modules!r}
 RENAMES = {renames!r}
 HELPER_DIR = {helper_dir!r}
 RESULTS = {results!r}
@@ -126,7 +139,10 @@ def _chain(fullname):
     for i in range(len(parts), 0, -1):
         prefix = ".".join(parts[:i])
         if prefix in SHIM_MAP:
-            return SHIM_MAP[prefix]
+            chain = SHIM_MAP[prefix]
+            if parts[-1].startswith("_") and "eqopt" not in chain:
+                chain = chain + ("eqopt",)
+            return chain
     return None
 
 
@@ -137,7 +153,9 @@ class _Shim(types.ModuleType):
         if name.startswith("__"):
             raise AttributeError(name)
         sub = self.__name__ + "." + name
-        if sub in SHIM_MAP:
+        # `from optax._src import lookahead` is Optax's module, not eqopt's
+        # function of that name.
+        if sub in SHIM_MAP or sub in OPTAX_MODULES:
             return importlib.import_module(sub)
         if name.startswith("_"):
             raise AttributeError(
@@ -150,15 +168,21 @@ class _Shim(types.ModuleType):
             modname, attr = RENAMES[name]
             return getattr(importlib.import_module(modname), attr)
         chain = self.__dict__["_eqopt_chain"]
+        looked = []
         for modname in chain:
-            mod = importlib.import_module(modname)
+            try:
+                mod = importlib.import_module(modname)
+            except ModuleNotFoundError:
+                looked.append(modname + " (no such module)")
+                continue
+            looked.append(modname)
             try:
                 return getattr(mod, name)
             except AttributeError:
                 continue
         raise AttributeError(
             f"module {{self.__name__!r}} (eqopt shim): eqopt has no public "
-            f"name {{name!r}} (looked in {{', '.join(chain)}})"
+            f"name {{name!r}} (looked in {{', '.join(looked)}})"
         )
 
 
@@ -259,81 +283,6 @@ def pytest_collectreport(report):
 """
 
 
-# (reason, kind, test on the record). Kinds: "wording" (Optax's text, to fix),
-# "deliberate" (a difference listed on Coming from Optax), "private" (an Optax
-# private helper, not mapped), "other" (to look at). First match wins.
-def _has(*patterns):
-    return lambda r: any(re.search(p, r["message"]) for p in patterns)
-
-
-REASONS = (
-    ("private Optax name (not mapped)", "private", _has("private Optax name")),
-    (
-        "deprecation warning's wording differs from Optax's",
-        "wording",
-        lambda r: (
-            "does not match" in r["message"]
-            and re.search(r"optimistic_adam|generalized_kl|deprecat", r["message"])
-        ),
-    ),
-    (
-        "a bad `mode` is refused when the optimiser is built, not at `update`",
-        "deliberate",
-        lambda r: "mode" in r["nodeid"].lower() and "must be one of" in r["message"],
-    ),
-    (
-        "callable masks and label functions are per-leaf "
-        "(Optax calls them on the whole params)",
-        "deliberate",
-        _has("per-leaf predicate", "per-leaf label function"),
-    ),
-    (
-        "integer gradients or updates are refused",
-        "deliberate",
-        _has("must be a pytree of floating or complex arrays"),
-    ),
-    (
-        "only inexact arrays are trained (a Python float param is not)",
-        "deliberate",
-        _has(r"not trainable \(not an inexact array\)"),
-    ),
-    (
-        "a chain's state is a `ChainState`, not a `tuple` instance",
-        "deliberate",
-        _has("is not an instance of <class 'tuple'>"),
-    ),
-    (
-        "`freeze` freezes for the whole chain: its state is not a masked state",
-        "deliberate",
-        _has("'EmptyState' object has no attribute 'inner_state'"),
-    ),
-    (
-        "a mask of the wrong structure: eqopt's error names the path "
-        "(the test matches JAX's message)",
-        "deliberate",
-        _has(r"does not match .*not a prefix of the params' structure"),
-    ),
-    (
-        "loss inputs must share a shape exactly",
-        "deliberate",
-        lambda r: r["etype"] == "ShapeMismatchError",
-    ),
-    (
-        "`dice_loss(apply_softmax=False)` does not check probabilities",
-        "deliberate",
-        lambda r: (
-            "dice" in r["nodeid"].lower() and "probability_validation" in r["nodeid"]
-        ),
-    ),
-    (
-        "eqopt has no such public name",
-        "missing",
-        _has("eqopt has no public name"),
-    ),
-    ("other", "other", lambda r: True),
-)
-
-
 def optax_dir() -> str:
     import importlib.util
 
@@ -341,6 +290,18 @@ def optax_dir() -> str:
     if spec is None or spec.origin is None:
         sys.exit("optax is not installed: its test files come from the package")
     return os.path.dirname(spec.origin)
+
+
+def optax_modules(root: str) -> list[str]:
+    """The dotted names of Optax's modules and packages (not its tests)."""
+    names = []
+    for path in glob.glob(os.path.join(root, "**", "*.py"), recursive=True):
+        rel = os.path.relpath(path, root)[: -len(".py")].split(os.sep)
+        if rel[-1] == "__init__":
+            rel = rel[:-1]
+        if not rel[-1:] or not rel[-1].endswith("_test"):
+            names.append(".".join(["optax", *rel]))
+    return sorted(set(names))
 
 
 def test_files(root: str) -> list[str]:
@@ -369,6 +330,7 @@ def run(args) -> list[dict]:
         conftest = CONFTEST.format(
             shim_map=SHIM_MAP,
             real_helpers=REAL_HELPERS,
+            optax_modules=optax_modules(root),
             renames=RENAMES,
             helper_dir=os.path.join(root, "_src"),
             results=results,
@@ -383,9 +345,10 @@ def run(args) -> list[dict]:
             [os.path.abspath(args.eqopt_path)]
             + env.get("PYTHONPATH", "").split(os.pathsep)
         )
+    workers = ["-n", str(args.n)] if args.n else ["-p", "no:xdist"]
     cmd = [
         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-        "-p", "no:xdist", "-p", "no:randomly", "--import-mode=importlib",
+        *workers, "-p", "no:randomly", "--import-mode=importlib",
         "-c", os.path.join(tmp, "pytest.ini"), "--rootdir", tmp,
         "-o", "addopts=", "--continue-on-collection-errors", "--tb=no", "--no-header", "-W", "default",
         tests,
@@ -408,103 +371,6 @@ def run(args) -> list[dict]:
     return records
 
 
-def file_of(nodeid: str) -> str:
-    path = nodeid.split("::")[0]
-    return path.split("tests/", 1)[-1] if "tests/" in path else path
-
-
-def classify(record: dict) -> tuple[str, str]:
-    for reason, kind, test in REASONS:
-        if test(record):
-            return reason, kind
-    raise AssertionError("unreachable")
-
-
-def summarise(records: list[dict], args) -> dict:
-    # One outcome per test: its first failure (a setup or teardown error, a
-    # failing subtest) if any, else passed or skipped.
-    outcome: dict[str, dict] = {}
-    for r in records:
-        prev = outcome.get(r["nodeid"])
-        failed = r["outcome"] in ("failed", "error") or r["when"] == "collect"
-        if prev is None or (failed and prev["outcome"] in ("passed", "skipped")):
-            outcome[r["nodeid"]] = dict(r, outcome="failed" if failed else r["outcome"])
-    per_file: dict[str, collections.Counter] = collections.defaultdict(
-        collections.Counter
-    )
-    failures = []
-    for nodeid, r in outcome.items():
-        f = file_of(nodeid)
-        if r["when"] == "collect":
-            per_file[f]["error"] += 1
-        elif r["outcome"] in ("passed", "skipped"):
-            per_file[f][r["outcome"]] += 1
-        elif r["when"] == "call":
-            per_file[f]["failed"] += 1
-        else:
-            per_file[f]["error"] += 1
-        if r["outcome"] == "failed":
-            failures.append(r)
-    total = collections.Counter()
-    width = max([len(f) for f in per_file] + [5])
-    print(f"\n{'file':<{width}}  passed  failed  errors  skipped")
-    for f in sorted(per_file):
-        c = per_file[f]
-        total.update(c)
-        print(
-            f"{f:<{width}}  {c['passed']:6d}  {c['failed']:6d}  "
-            f"{c['error']:6d}  {c['skipped']:7d}"
-        )
-    print(
-        f"{'total':<{width}}  {total['passed']:6d}  {total['failed']:6d}  "
-        f"{total['error']:6d}  {total['skipped']:7d}"
-    )
-    groups_of_files = {
-        "alias, transform, combine, schedules, losses": (
-            "_src/",
-            "schedules/",
-            "losses/",
-        ),
-        "transforms/ (per-module transform tests)": ("transforms/",),
-    }
-    for label, prefixes in groups_of_files.items():
-        sub = collections.Counter()
-        for f, c in per_file.items():
-            if f.startswith(prefixes):
-                sub.update(c)
-        n = sub["passed"] + sub["failed"] + sub["error"]
-        if n:
-            print(f"  {label}: {sub['passed']} of {n} pass")
-    ran = total["passed"] + total["failed"] + total["error"]
-    target = "the real Optax" if args.optax else "eqopt"
-    print(
-        f"\n{total['passed']} of {ran} pass with `optax` resolved to {target}", end=""
-    )
-    print(f" ({total['skipped']} skipped)" if total["skipped"] else "")
-    groups: dict[tuple[str, str], list[dict]] = collections.defaultdict(list)
-    for r in failures:
-        groups[classify(r)].append(r)
-    order = {"wording": 0, "deliberate": 1, "private": 2, "missing": 3, "other": 4}
-    for (reason, kind), rs in sorted(groups.items(), key=lambda kv: order[kv[0][1]]):
-        print(f"\n[{kind}] {reason}: {len(rs)}")
-        for r in rs:
-            print(f"  {r['nodeid'].split('tests/', 1)[-1]}")
-            if kind in ("missing", "other") or args.verbose:
-                msg = " ".join(r["message"].split())[:300]
-                where = f" (at eqopt/{r['where']})" if r["where"] else ""
-                print(f"      {r['etype']}: {msg}{where}")
-    return dict(
-        target=target,
-        passed=total["passed"],
-        ran=ran,
-        skipped=total["skipped"],
-        per_file={f: dict(c) for f, c in per_file.items()},
-        failures=[
-            dict(r, reason=classify(r)[0], kind=classify(r)[1]) for r in failures
-        ],
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -516,11 +382,24 @@ def main() -> None:
     )
     parser.add_argument("--json", help="write the counts and failures here")
     parser.add_argument(
+        "--baseline",
+        help="a --json file of an --optax run: print both counts per file",
+    )
+    parser.add_argument(
+        "-n", type=int, default=0, help="pytest-xdist workers (default: none)"
+    )
+    parser.add_argument(
         "--keep", action="store_true", help="keep the temporary directory"
     )
     parser.add_argument("--show-map", action="store_true", help="print the shim's map")
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="show every message"
+    )
+    parser.add_argument(
+        "--records",
+        nargs="+",
+        help="summarise kept results.jsonl files (a later file's test files "
+        "replace an earlier one's: a rerun of some files with --only)",
     )
     args = parser.parse_args()
     if args.show_map:
@@ -533,7 +412,21 @@ def main() -> None:
             print(f"  {name} (a test helper, defined as in {what})")
         print("loaded from Optax's own source: " + ", ".join(REAL_HELPERS))
         print("private names (a leading underscore) are not mapped")
-    summary = summarise(run(args), args)
+    if args.records:
+        records = []
+        for path in args.records:
+            with open(path) as f:
+                new = [json.loads(line) for line in f]
+            rerun = {file_of(r["nodeid"]) for r in new}
+            records = [r for r in records if file_of(r["nodeid"]) not in rerun] + new
+    else:
+        records = run(args)
+    baseline = None
+    if args.baseline:
+        with open(args.baseline) as f:
+            baseline = json.load(f)
+    target = "the real Optax" if args.optax else "eqopt"
+    summary = summarise(records, target, baseline, args.verbose)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)

@@ -30,7 +30,9 @@ if _TYPE_CHECKING:
         projections as projections,
         schedules as schedules,
         second_order as second_order,
+        transforms as transforms,
         tree as tree,
+        tree_utils as tree_utils,
     )
     from ._alias import (
         adagrad as adagrad,
@@ -52,9 +54,17 @@ if _TYPE_CHECKING:
     )
     from ._base import (
         AbstractGradientTransformation as AbstractGradientTransformation,
+        EmptyState as AdaptiveGradClipState,  # noqa: F401 (Optax's name)
+        EmptyState as AddDecayedWeightsState,  # noqa: F401
+        EmptyState as ClipByGlobalNormState,  # noqa: F401
+        EmptyState as ClipState,  # noqa: F401
         EmptyState as EmptyState,
+        EmptyState as NonNegativeParamsState,  # noqa: F401
+        EmptyState as ScaleByTrustRatioState,  # noqa: F401
+        EmptyState as ScaleState,  # noqa: F401
         GradientTransformation as GradientTransformation,
         GradientTransformationExtraArgs as GradientTransformationExtraArgs,
+        MaskedNode as MaskedNode,
         OptState as OptState,
         Params as Params,
         Updates as Updates,
@@ -63,6 +73,7 @@ if _TYPE_CHECKING:
         Chain as Chain,
         ChainState as ChainState,
         Partition as Partition,
+        PartitionState as MultiTransformState,  # noqa: F401
         PartitionState as PartitionState,
         chain as chain,
         multi_transform as multi_transform,
@@ -232,6 +243,7 @@ if _TYPE_CHECKING:
         ScaleByRss as ScaleByRss,
         ScaleByRssState as ScaleByRssState,
         ScaleByStddev as ScaleByStddev,
+        ScaleByStddevState as ScaleByRStdDevState,  # noqa: F401
         ScaleByStddevState as ScaleByStddevState,
         scale_by_rms as scale_by_rms,
         scale_by_rss as scale_by_rss,
@@ -345,6 +357,10 @@ if _TYPE_CHECKING:
         per_example_global_norm_clip as per_example_global_norm_clip,
         per_example_layer_norm_clip as per_example_layer_norm_clip,
     )
+    from ._wrappers.stack_axes import (
+        WithStackAxes as WithStackAxes,
+        with_stack_axes as with_stack_axes,
+    )
     from ._zero import (
         shard_state as shard_state,
         zero_shardings as zero_shardings,
@@ -431,6 +447,7 @@ if _TYPE_CHECKING:
     )
     from ._transform.factored import (
         ScaleByFactoredRms as ScaleByFactoredRms,
+        ScaleByFactoredRmsState as FactoredState,  # noqa: F401
         ScaleByFactoredRmsState as ScaleByFactoredRmsState,
         adafactor as adafactor,
         scale_by_factored_rms as scale_by_factored_rms,
@@ -447,6 +464,7 @@ if _TYPE_CHECKING:
     # Rprop, SM3, Yogi, optimistic methods, Polyak's step, DoG.
     from ._transform.adadelta import (
         ScaleByAdadelta as ScaleByAdadelta,
+        ScaleByAdadeltaState as ScaleByAdaDeltaState,  # noqa: F401
         ScaleByAdadeltaState as ScaleByAdadeltaState,
         adadelta as adadelta,
         scale_by_adadelta as scale_by_adadelta,

@@ -3,7 +3,7 @@
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import ArrayLike
+from jaxtyping import ArrayLike, Integer
 
 from ._base import Params, Updates
 from ._checks import check_updates
@@ -82,7 +82,7 @@ def periodic_update(
     new_tensors: Params,
     old_tensors: Params,
     steps: ArrayLike,
-    update_period: int,
+    update_period: int | Integer[ArrayLike, ""],
 ) -> Params:
     """Replaces the copy with the new parameters every `update_period` steps.
 
@@ -93,7 +93,8 @@ def periodic_update(
     - `new_tensors`: the latest parameters.
     - `old_tensors`: the copy, same structure.
     - `steps`: the current step.
-    - `update_period`: how often to copy.
+    - `update_period`: how often to copy (a number, or an integer array: it
+      may be traced).
 
     **Returns:** `new_tensors` when `steps % update_period == 0`, else `old_tensors`.
     """

@@ -20,6 +20,7 @@ from ._leaves import (
     is_trainable as is_trainable,
     path_str as path_str,
 )
+from ._optax_tuple import OptaxTuple
 from ._signatures import accepts_extra_args
 from ._typecheck import checked
 
@@ -221,12 +222,23 @@ class _EmptyStateMeta(type(eqx.Module)):
 
 
 @checked
-class EmptyState(eqx.Module, metaclass=_EmptyStateMeta):
+class EmptyState(eqx.Module, OptaxTuple, metaclass=_EmptyStateMeta):
     """The state of a stateless transform.
 
     A stateless transform's `update` also accepts Optax's spellings of an empty
     state (`optax.EmptyState()`, `()`, `{}` or `None`) and returns it unchanged,
     so `isinstance(x, EmptyState)` is true for each of them.
+    """
+
+
+@checked
+class MaskedNode(eqx.Module, OptaxTuple, metaclass=_EmptyStateMeta):
+    """Marks a leaf that a mask leaves out, in a masked transform's inner state.
+
+    eqopt keeps `None` there (what `eqx.filter` gives), where Optax keeps an
+    empty `MaskedNode()`; `isinstance(x, MaskedNode)` is true for both, so code
+    that skips Optax's masked leaves (`is_leaf=lambda x: isinstance(x,
+    MaskedNode)`) skips eqopt's too. It has no fields and is an empty tuple.
     """
 
 
@@ -266,6 +278,8 @@ class GradientTransformation(
 
     Such a pair is opaque to eqopt: it is not declared elementwise, and its
     hyperparameters (captured in closures) are not leaves.
+
+    **Kind of its parts**: element-wise, global or per layer as what it wraps is.
 
     **Arguments:**
 

@@ -34,6 +34,8 @@ from ._filters import (
     warn_if_selects_nothing,
 )
 from ._interop import as_transform
+from ._layer_axes import one_layer, stack_axes_by_path
+from ._optax_tuple import OptaxTuple
 from ._typecheck import checked
 
 
@@ -119,6 +121,8 @@ class Chain(_AbstractNamedTuple, AbstractGradientTransformation):
     (`ScaleByAdam` becomes `scale_by_adam`, a repeat gets a suffix `_1`), or
     explicitly with `named_chain`. A part and its state can be read by position,
     name or attribute: `opt[0]`, `opt["scale_by_adam"]`, `state.scale_by_adam`.
+
+    **Kind of its parts**: element-wise, global or per layer as what it wraps is.
 
     **Arguments:**
 
@@ -287,7 +291,7 @@ ParamLabels: TypeAlias = PyTree[Hashable | Callable[[Any], Hashable]]
 
 
 @checked
-class PartitionState(eqx.Module):
+class PartitionState(eqx.Module, OptaxTuple):
     """The state of a `Partition`: one inner state per group, keyed by label."""
 
     inner_states: dict[Hashable, OptState]
@@ -342,6 +346,8 @@ def _resolve_labels(param_labels: Any, params: Params, labels: list) -> Any:
         "`param_labels`", "label function", "partition(transforms, label_fn(params))"
     )
     what = "label function in `param_labels`"
+    # A label function sees one layer of a stacked leaf.
+    stacks = stack_axes_by_path(params)
 
     def resolve_subtree(spec, subtree, prefix):
         flat = jax.tree_util.tree_flatten_with_path(subtree, is_leaf=is_none)[0]
@@ -354,7 +360,8 @@ def _resolve_labels(param_labels: Any, params: Params, labels: list) -> Any:
             if not callable(spec) or isinstance(spec, str):
                 label = spec
             else:
-                label = call_per_leaf(spec, leaf, prefix + path, what, hint)
+                one = one_layer(leaf, stacks.get(prefix + path, 0))
+                label = call_per_leaf(spec, one, prefix + path, what, hint)
                 if not _is_label(label):
                     # Optax's spelling: a function of the whole params, returning a tree.
                     raise ValueError(
@@ -431,6 +438,8 @@ class Partition(AbstractGradientTransformation):
 
     A callable is applied to each leaf, never to the whole params, as `eqx.filter`
     applies it (see "Masks are filter specs" in Coming from Optax).
+
+    **Kind of its parts**: element-wise, global or per layer as what it wraps is.
 
     **Arguments:**
 

@@ -158,6 +158,9 @@ def update_entry(method: _Method) -> _Method:
         # (Dropped at every entry: eqopt's own callers of a whole optimiser, a
         # `TrainState` or a ZeRO plan, pass the user's gradients on.)
         updates = drop_float0(updates)
+        if updates is None and params is not None and self.params_like_updates:
+            # No gradient at all: `None` at every leaf, which is not trained.
+            updates = jax.tree.map(lambda _: None, params, is_leaf=is_none)
         if called_from_eqopt(1):
             # A part's `update`, called by its chain or wrapper with what the
             # outer entry checked.

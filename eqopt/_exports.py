@@ -18,7 +18,9 @@ SUBMODULES: tuple[str, ...] = (
     "projections",
     "schedules",
     "second_order",
+    "transforms",
     "tree",
+    "tree_utils",
 )
 
 #: Module (relative to `eqopt`) -> the public names it defines.
@@ -46,6 +48,7 @@ EXPORTS: dict[str, tuple[str, ...]] = {
         "EmptyState",
         "GradientTransformation",
         "GradientTransformationExtraArgs",
+        "MaskedNode",
         "OptState",
         "Params",
         "Updates",
@@ -277,6 +280,10 @@ EXPORTS: dict[str, tuple[str, ...]] = {
         "FlattenState",
         "flatten",
     ),
+    "._wrappers.stack_axes": (
+        "WithStackAxes",
+        "with_stack_axes",
+    ),
     "._wrappers.inject": (
         "InjectHyperparams",
         "InjectHyperparamsState",
@@ -491,4 +498,18 @@ EXPORTS: dict[str, tuple[str, ...]] = {
 #: Public names bound to an object of another name: name -> (module, attribute).
 RENAMED: dict[str, tuple[str, str]] = {
     "tree_map_params": (".tree", "map_params"),
+    # Optax's state classes, by Optax's names: the stateless transforms' states
+    # are eqopt's `EmptyState` (what their `init` returns), the others eqopt's
+    # state of the same thing under its own name.
+    "AdaptiveGradClipState": ("._base", "EmptyState"),
+    "AddDecayedWeightsState": ("._base", "EmptyState"),
+    "ClipByGlobalNormState": ("._base", "EmptyState"),
+    "ClipState": ("._base", "EmptyState"),
+    "NonNegativeParamsState": ("._base", "EmptyState"),
+    "ScaleByTrustRatioState": ("._base", "EmptyState"),
+    "ScaleState": ("._base", "EmptyState"),
+    "FactoredState": ("._transform.factored", "ScaleByFactoredRmsState"),
+    "MultiTransformState": ("._combine", "PartitionState"),
+    "ScaleByAdaDeltaState": ("._transform.adadelta", "ScaleByAdadeltaState"),
+    "ScaleByRStdDevState": ("._transform.rms", "ScaleByStddevState"),
 }

@@ -7,16 +7,50 @@ from typing import Any, TypeAlias, no_type_check
 import jax
 import jax.core
 import numpy as np
-from jaxtyping import PyTree
+from jaxtyping import Array, Bool, PyTree
 
 from ._base import is_none, is_trainable, path_str
+from ._layer_axes import one_layer, stack_axes_by_path
 from ._leaves import outside_eqopt
 from ._structure import first_difference
+from .tree._state import _is_placeholder
+
+#: A 0-d boolean array (NumPy or JAX) in a filter spec, read as the bool it holds.
+BoolScalar: TypeAlias = np.bool_ | Bool[np.ndarray, ""] | Bool[Array, ""]
 
 #: A filter spec: a bool, a per-leaf predicate, or a prefix pytree of these.
 FilterSpec: TypeAlias = (
-    bool | Callable[[Any], Any] | PyTree[bool | Callable[[Any], Any] | None]
+    bool
+    | BoolScalar
+    | Callable[[Any], Any]
+    | PyTree[bool | BoolScalar | Callable[[Any], Any] | None]
 )
+
+
+@no_type_check
+def as_filter_spec(filter_spec: Any) -> Any:
+    """The filter spec with each 0-d boolean array (`np.array(True)`) as a Python bool.
+
+    A mask is structure, decided when the transform is built: held as an array
+    it would be traced under `jit`.
+    """
+
+    def as_bool(x):
+        if isinstance(x, np.bool_):
+            return bool(x)
+        if (
+            isinstance(x, (np.ndarray, jax.Array))
+            and x.shape == ()
+            and x.dtype == np.bool_
+            and not isinstance(x, jax.core.Tracer)
+        ):
+            return bool(x)
+        return x
+
+    def is_leaf(x):
+        return is_spec_leaf(x) or isinstance(x, (np.ndarray, jax.Array))
+
+    return jax.tree.map(as_bool, filter_spec, is_leaf=is_leaf)
 
 
 @no_type_check
@@ -167,6 +201,13 @@ def resolve_filter(
     return a bool (ending with `per_leaf_hint`, showing `fix`).
     """
     hint = per_leaf_hint("a filter spec", "predicate", fix)
+    if _is_placeholder(tree):
+        # `eqopt.tree.map_params` builds the state on a stand-in for the whole
+        # params: every part of it is selected, as the params will be.
+        return tree
+    # A predicate sees one layer of a stacked leaf (docs/design.md, "The model
+    # knows its layers").
+    stacks = stack_axes_by_path(tree)
 
     def resolve_subtree(spec, subtree, prefix):
         flat = jax.tree_util.tree_flatten_with_path(subtree, is_leaf=is_none)[0]
@@ -183,7 +224,8 @@ def resolve_filter(
                 leaves.append(False)
             else:
                 predicate = f"predicate in the {what}"
-                value = call_per_leaf(spec, leaf, full, predicate, hint)
+                one = one_layer(leaf, stacks.get(full, 0))
+                value = call_per_leaf(spec, one, full, predicate, hint)
                 leaves.append(_to_bool(value, full, predicate, hint))
         treedef = jax.tree.structure(subtree, is_leaf=is_none)
         return jax.tree.unflatten(treedef, leaves)

@@ -329,9 +329,15 @@ _CHECKED: dict[int, weakref.ref] = {}
 def _modules(tree: Any) -> Iterator[eqx.Module]:
     # Every Module in `tree` (fields, tuples, lists, dict values), depth first.
     stack = [tree]
+    seen: dict[int, Any] = {}  # kept alive, so that no id is reused
     while stack:
         node = stack.pop()
         if isinstance(node, eqx.Module):
+            # A function held in a field reads back as a method bound to the
+            # Module (a new Module each time), which leads back to it.
+            if id(node) in seen:
+                continue
+            seen[id(node)] = node
             yield node
             stack.extend(getattr(node, f.name, None) for f in dataclasses.fields(node))
         elif isinstance(node, (tuple, list)):

@@ -24,12 +24,13 @@ from ._base import (
 )
 from ._checks import check_updates
 from ._entry import init_entry, update_entry
+from ._optax_tuple import OptaxTuple
 from ._signatures import accepts_extra_args
 from ._typecheck import checked
 
 
 @checked
-class FromOptaxState(eqx.Module):
+class FromOptaxState(eqx.Module, OptaxTuple):
     """The state of a `eqopt.FromOptax`: the Optax transform's own state.
 
     `inner_state` is what the Optax transform's `init` returned for the trainable
@@ -69,6 +70,8 @@ class FromOptax(AbstractGradientTransformation):
     The Optax transform is opaque: its hyperparameters live in closures, so they
     are not leaves (changing one means building a new transform), and the
     wrapper is not declared elementwise.
+
+    **Kind of its parts**: element-wise, global or per layer as what it wraps is.
 
     **Arguments:**
 

@@ -1,34 +1,46 @@
-"""Per-leaf constant factors: the multipliers of parameter groups.
+"""Per-leaf factors: the multipliers of parameter groups, inputs of the compiled step.
 
 `eqopt.param_groups` gives each trainable leaf a learning-rate and a
 weight-decay multiplier. They are not a chain per group: the optimiser stays
 one optimiser with one state, and its `eqopt.ScaleByLearningRate` and
 `eqopt.AddDecayedWeights` steps multiply their rate by each leaf's factor
-(`scales`, a static field those two steps hold for the call). The factors are
-Python floats, so XLA sees constants: a leaf's step costs what it costs
-without groups.
+(`scales`, a field those two steps hold for the call).
+
+The factors are arrays kept in the groups' state (`eqopt.ParamGroupsState`),
+one scalar per distinct multiplier, so they are inputs of the compiled program:
+every layer of one shape runs the same kernels whatever its multiplier. (As
+Python floats they were constants that XLA folds into each layer's kernels:
+one kernel per distinct constant, and a longer first call.) A leaf that stacks
+layers on leading axes (`eqx.filter_vmap`) takes a vector of factors, one per
+slice, broadcast over the slice's axes.
 
 A `LeafScales` is keyed by the model's structure (its treedef with `None`
 counted as a leaf) and applies to any tree with that structure, or to a
 `eqopt.Packed` of it (a packed model, or the buffers `eqopt.bucketed`
-makes), where the factors become one constant per buffer, or a constant array
-over the buffer's segments where they differ.
+makes), where the factors become one scalar per buffer, or an array over the
+buffer's segments where they differ.
 """
 
 from typing import Any, no_type_check
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array
 
 from ._fused._pack import Packed, _Layout, _Static
 from ._leaves import InputError, is_none
 
+#: A leaf's factor: a number, or one number per slice of a stack (nested tuples
+#: over nested stack axes, as `numpy.asarray` reads them).
+Factor = float | tuple
 
-class LeafScales(_Static):
-    """One factor per leaf position of a model (`None` at untrained leaves).
 
-    Interned (`LeafScales.make(treedef, factors)`): equal factors are one object,
+class ScaleIndex(_Static):
+    """Which of the factors each leaf position of a model takes (`None`: none).
+
+    Interned (`ScaleIndex.make(treedef, slots)`): equal indices are one object,
     hashed by identity, so a static field holding one costs `jit` nothing.
     """
 
@@ -39,38 +51,63 @@ class LeafScales(_Static):
         return self._key[0]
 
     @property
-    def factors(self) -> tuple[float | None, ...]:
+    def slots(self) -> tuple[int | None, ...]:
         return self._key[1]
 
     @no_type_check
     def per_buffer(self, layout: _Layout) -> tuple[Any, ...]:
-        """Per buffer of a packed tree: a float, or a float32 array over its segments."""
+        """Per buffer of a packed tree: the index of its one factor, or its segments
+        as `(index or None, size)` pairs in the buffer's order."""
         cache = getattr(self, "_buffers", None)
         if cache is None:
             cache = self._buffers = {}
         found = cache.get(layout)
         if found is None:
-            parts: list[list[tuple[float, int]]] = [[] for _ in layout.buffers]
-            for slot in layout.slots:
-                factor = self.factors[slot.leaf_index]
+            parts: list[list[tuple[int | None, int]]] = [[] for _ in layout.buffers]
+            for slot in sorted(layout.slots, key=lambda s: (s.buffer, s.offset)):
                 size = int(np.prod(slot.shape, dtype=np.int64))
-                parts[slot.buffer].append((1.0 if factor is None else factor, size))
+                parts[slot.buffer].append((self.slots[slot.leaf_index], size))
             found = []
             for segments in parts:
-                values = {factor for factor, _ in segments}
-                if len(values) == 1:
-                    found.append(values.pop())
+                indices = {index for index, _ in segments}
+                if len(indices) == 1 and None not in indices:
+                    found.append(indices.pop())
                 else:
-                    found.append(
-                        np.concatenate(
-                            [
-                                np.full(size, factor, np.float32)
-                                for factor, size in segments
-                            ]
-                        )
-                    )
+                    found.append(tuple(segments))
             found = cache[layout] = tuple(found)
         return found
+
+
+@no_type_check
+def _as_value(factor: Factor) -> Array:
+    # The default float dtype: float32, or float64 with `jax_enable_x64`, as a
+    # Python float would be in the product with a weakly typed rate.
+    return jnp.asarray(np.asarray(factor), dtype=jnp.result_type(float))
+
+
+class LeafScales(eqx.Module):
+    """One factor per leaf position of a model (`None` at leaves without one).
+
+    `values` holds each distinct factor once, as an array (a scalar, or the
+    factors of a stack's slices); `index` (static) says which one each leaf
+    takes. Made by `LeafScales.build`.
+    """
+
+    values: tuple[Array, ...]
+    index: ScaleIndex = eqx.field(static=True)
+
+    @staticmethod
+    def build(treedef: Any, factors: tuple[Factor | None, ...]) -> "LeafScales":
+        """The scales of `factors`, one per leaf position of `treedef` (`None`: none)."""
+        distinct: dict[Factor, int] = {}
+        slots = tuple(
+            None if f is None else distinct.setdefault(f, len(distinct))
+            for f in factors
+        )
+        return LeafScales(
+            values=tuple(_as_value(f) for f in distinct),
+            index=ScaleIndex.make(treedef, slots),
+        )
 
     def check(self, tree: Any, what: str) -> None:
         treedef = (
@@ -78,7 +115,7 @@ class LeafScales(_Static):
             if isinstance(tree, Packed)
             else jax.tree.structure(tree, is_leaf=is_none)
         )
-        if treedef != self.treedef:
+        if treedef != self.index.treedef:
             raise InputError(
                 f"The parameter groups' multipliers were resolved for another model than "
                 f"the {what} this step received: build the optimiser's state with `init` "
@@ -87,15 +124,45 @@ class LeafScales(_Static):
                 "transforms that reshape the tree, such as `flatten`)."
             )
 
+    @no_type_check
+    def per_leaf(self) -> list[Array | None]:
+        """Per leaf position: its factor (an array), or `None`."""
+        return [None if i is None else self.values[i] for i in self.index.slots]
 
-def _times(factor: Any, multiplier: Any, dtype: Any, cast: bool) -> Any:
-    # A weakly typed factor times a float stays weak and takes the leaf's dtype
-    # in the product with the leaf, as `factor * g` does without groups; times a
-    # (float32) array of a packed buffer's segments it is cast to that dtype, to
-    # the same effect. `cast` casts in every case (a strongly typed rate).
+    @no_type_check
+    def per_buffer(self, layout: _Layout) -> list[Array]:
+        """Per buffer of a packed tree: a scalar, or an array over its elements."""
+        out = []
+        for plan in self.index.per_buffer(layout):
+            if isinstance(plan, int):
+                out.append(self.values[plan])
+                continue
+            pieces = []
+            for index, size in plan:
+                value = (
+                    jnp.ones((), jnp.result_type(float))
+                    if index is None
+                    else self.values[index].reshape(-1)
+                )
+                # A stack's slices are contiguous in the buffer: each factor
+                # repeats over its slice's elements.
+                pieces.append(jnp.repeat(value, size // max(value.size, 1)))
+            out.append(jnp.concatenate(pieces))
+        return out
+
+
+def _times(factor: Any, multiplier: Any, dtype: Any, cast: bool, ndim: int) -> Any:
+    # A weakly typed factor takes the leaf's dtype in the product with the leaf,
+    # as `factor * g` does without groups: the product with the multiplier (an
+    # array of the default float dtype) is cast to the leaf's dtype, which gives
+    # the numbers of a Python float multiplier. A strongly typed factor (a
+    # schedule's value) is not cast unless `cast` says so, and promotes as it
+    # does without groups. A stack's factors broadcast over each slice's axes.
     scaled = factor * multiplier
-    if cast or (isinstance(multiplier, np.ndarray) and factor.weak_type):
-        return scaled.astype(dtype)
+    if cast or factor.weak_type:
+        scaled = scaled.astype(dtype)
+    if scaled.ndim:
+        scaled = scaled.reshape(scaled.shape + (1,) * (ndim - scaled.ndim))
     return scaled
 
 
@@ -107,22 +174,23 @@ def scale_leaves(updates: Any, factor: Any, scales: LeafScales, cast: bool) -> A
     scales.check(updates, "updates")
     if isinstance(updates, Packed):
         buffers = tuple(
-            None if g is None else _times(factor, m, g.dtype, cast) * g
+            None if g is None else _times(factor, m, g.dtype, cast, 1) * g
             for g, m in zip(
                 updates.buffers, scales.per_buffer(updates.layout), strict=True
             )
         )
         return Packed(buffers=buffers, rest=updates.rest, layout=updates.layout)
     leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
-    products: dict[tuple[float, Any], Any] = {}
+    products: dict[tuple[int, Any, int], Any] = {}
     out = []
-    for g, m in zip(leaves, scales.factors, strict=True):
-        if g is None or m is None:
+    for g, index in zip(leaves, scales.index.slots, strict=True):
+        if g is None or index is None:
             out.append(g)
             continue
-        key = (m, g.dtype)
+        key = (index, g.dtype, g.ndim)
         if key not in products:
-            products[key] = _times(factor, m, g.dtype, cast)
+            m = scales.values[index]
+            products[key] = _times(factor, m, g.dtype, cast, g.ndim)
         out.append(products[key] * g)
     return jax.tree.unflatten(treedef, out)
 
@@ -144,8 +212,10 @@ def decay_leaves(
     # as it does without groups.
     weight_decay = jnp.asarray(weight_decay)
 
-    def rate(m, dtype):
-        return weight_decay if m is None else _times(weight_decay, m, dtype, False)
+    def rate(m, p):
+        if m is None:
+            return weight_decay
+        return _times(weight_decay, m, p.dtype, False, p.ndim)
 
     if isinstance(params, Packed):
         multipliers = (
@@ -160,17 +230,17 @@ def decay_leaves(
             if g is None or mask is False:
                 buffers.append(g)
                 continue
-            decayed = g + rate(m, p.dtype) * p
+            decayed = g + rate(m, p) * p
             buffers.append(decayed if mask is True else jnp.where(mask, decayed, g))
         return Packed(buffers=tuple(buffers), rest=updates.rest, layout=updates.layout)
     g_leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
     p_leaves = treedef.flatten_up_to(params)
     flags = treedef.flatten_up_to(selected)
-    factors = (None,) * len(g_leaves) if scales is None else scales.factors
+    factors = (None,) * len(g_leaves) if scales is None else scales.per_leaf()
     out = []
     for g, p, m, flag in zip(g_leaves, p_leaves, factors, flags, strict=True):
         if g is None or p is None or not flag or (scales is not None and m is None):
             out.append(g)
         else:
-            out.append(rate(m, p.dtype) * p + g)
+            out.append(rate(m, p) * p + g)
     return jax.tree.unflatten(treedef, out)

@@ -4,6 +4,11 @@
 state: a quantised moment (`eqopt.QuantizedArray`) is decoded for the
 arithmetic and encoded again from its result (`eqopt._quantize`), and with
 `elementwise=True` it may be computed in its rows of blocks.
+
+It is also where a stack of layers becomes its layers: a per-layer function
+(anything not `elementwise`) is run on each slice of a stacked leaf
+(`per_slice`: `jax.vmap` over the stack axes that `eqopt._layer_axes`
+describes), its state leaves sliced alike.
 """
 
 from collections.abc import Callable
@@ -14,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from ._checks import _paths
+from ._layer_axes import stack_axes
 from ._leaves import (
     InputError,
     Params,
@@ -75,6 +81,41 @@ def full_like_trainable_real(params: Params, value: Any) -> Updates:
 
 
 @no_type_check
+def per_slice(fn: Callable, stack: int) -> Callable:
+    """`fn` run on each slice of a stack of `stack` leading axes (`jax.vmap`, batched).
+
+    The first argument is a stacked leaf; every array among the arguments
+    (through pytrees) whose leading axes are the first's stack axes is sliced
+    alike, every other argument (`None`, a scalar, dimension numbers) is
+    passed to each slice as it is. The outputs are stacked on the same axes.
+    With `stack == 0` this is `fn` itself: an unstacked leaf runs as before.
+    """
+    if stack == 0:
+        return fn
+
+    @no_type_check
+    def stacked(*args):
+        lead = tuple(args[0].shape[:stack])
+        flat, treedef = jax.tree.flatten(args, is_leaf=is_none)
+        mapped = [
+            eqx.is_array(x) and tuple(x.shape[:stack]) == lead and x.ndim >= stack
+            for x in flat
+        ]
+
+        @no_type_check
+        def one(*slices):
+            it = iter(slices)
+            leaves = [next(it) if m else x for x, m in zip(flat, mapped, strict=True)]
+            return fn(*jax.tree.unflatten(treedef, leaves))
+
+        for _ in range(stack):
+            one = jax.vmap(one)
+        return one(*[x for x, m in zip(flat, mapped, strict=True) if m])
+
+    return stacked
+
+
+@no_type_check
 @checked
 def leafwise(
     fn: Callable,
@@ -82,6 +123,8 @@ def leafwise(
     *trees: Any,
     n_out: int | None = None,
     elementwise: bool = False,
+    per_layer: bool | None = None,
+    step: Any = None,
 ) -> Any:
     """Maps `fn` over the leaves of `updates` and trees shaped like it.
 
@@ -90,7 +133,15 @@ def leafwise(
     inputs from `trees` unchanged, so moments of untouched leaves are kept).
 
     With `elementwise` (`fn` acts on each element alone), quantised moments
-    may be computed in their rows of blocks (`call_dequantized`).
+    may be computed in their rows of blocks (`call_dequantized`). Without it,
+    `fn` is a per-layer function: on a stacked leaf (`eqopt._layer_axes`:
+    a layer built with `eqx.filter_vmap`, or the user's `stack_axes`) it runs
+    on each slice, batched (`per_slice`), and sees one layer. A leaf without
+    stack axes runs exactly as before. `per_layer=False` runs `fn` on the whole
+    leaf even so: for a term of a global reduction (a norm of all the
+    updates), where a slice's value is not wanted. `step` (the transform's
+    step count) salts the stochastic rounding of quantised moments, so that
+    it draws the same in every program layout (`eqopt._quantize`).
 
     Returns a tree, or with `n_out` a tuple of `n_out` trees.
     """
@@ -103,6 +154,10 @@ def leafwise(
                 structure_mismatch_message(updates, tree, "updates", "state")
             )
         others.append(other_leaves)
+    # Elementwise arithmetic is the same on a slice and on the stack.
+    if per_layer is None:
+        per_layer = not elementwise
+    stacks = stack_axes(updates) if per_layer else None
     for index, (u, *rest) in enumerate(zip(leaves, *others, strict=False)):
         if u is None:
             continue
@@ -121,7 +176,8 @@ def leafwise(
     def call(index: int, u: Any, rest: list) -> Any:
         try:
             # A quantised moment is dequantised for `fn` and its result re-quantised.
-            return call_dequantized(fn, u, rest, elementwise)
+            f = fn if stacks is None else per_slice(fn, stacks[index])
+            return call_dequantized(f, u, rest, elementwise, step)
         except (TypeError, AttributeError) as error:
             # A `None` where the update is an array: `init` saw a leaf that is not
             # trainable. (A transform may keep `None` on purpose and handle it, so
@@ -150,3 +206,22 @@ def leafwise(
     return tuple(
         jax.tree.unflatten(treedef, [o[i] for o in outs]) for i in range(n_out)
     )
+
+
+@no_type_check
+def map_layers(fn: Callable, tree: Any, *others: Any) -> Any:
+    """`fn(leaf, *subtrees)` at each trainable leaf of `tree`, `None` elsewhere, per layer.
+
+    Each of `others` has the structure of `tree` down to its leaves and any
+    subtree below (dimension numbers, `None`). On a stacked leaf `fn` runs on
+    each slice (`per_slice`), so a state made by `init` from one layer's shape
+    is stacked on the leaf's stack axes.
+    """
+    leaves, treedef = jax.tree.flatten(tree, is_leaf=is_none)
+    rest = [treedef.flatten_up_to(other) for other in others]
+    stacks = stack_axes(tree)
+    out = [
+        per_slice(fn, stack)(leaf, *subtrees) if is_trainable(leaf) else None
+        for leaf, stack, *subtrees in zip(leaves, stacks, *rest, strict=True)
+    ]
+    return jax.tree.unflatten(treedef, out)

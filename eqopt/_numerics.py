@@ -5,7 +5,7 @@ from typing import Any, no_type_check
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, ArrayLike, Float, Inexact, Int, PyTree, Shaped
+from jaxtyping import Array, ArrayLike, Float, Inexact, Int, PyTree, Real, Shaped
 
 from ._deprecation import deprecated
 from ._leaves import Updates, is_none
@@ -14,6 +14,35 @@ from ._typecheck import checked
 # The per-leaf helpers below run once per leaf at trace time; their inputs were
 # checked at the public `update`, so they skip the type-check wrapper (which
 # would otherwise dominate tracing a model of thousands of small leaves).
+
+
+_UNSIGNED = {2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
+
+
+@no_type_check
+def unfused(x, token):
+    """`x` rounded to its dtype where the compiler cannot fuse it into a multiply-add.
+
+    XLA's CPU and GPU backends contract `a * b + c` within a kernel into one
+    fused multiply-add (rounded once instead of twice), and how a program is
+    laid out (a ZeRO-1 plan, a mesh) changes which products share a kernel
+    with their sum: the same moment update then differs in its last bit
+    between two layouts. Float32 moments do not mind; a quantised moment
+    rounded stochastically can change its code on that bit. Passing each
+    product through `unfused` before the sum makes the sum the same in every
+    layout. The barrier is an AND of the value's bits with a mask that is all
+    ones whenever `token` (an integer the program computes, such as the step
+    count, never negative) is not negative, so no compiler can fold it away;
+    it costs two integer instructions per element.
+    """
+    x = jnp.asarray(x)
+    unsigned = _UNSIGNED.get(x.dtype.itemsize)
+    if unsigned is None or not jnp.issubdtype(x.dtype, jnp.floating):
+        return x
+    ones = jnp.asarray(jnp.iinfo(unsigned).max, unsigned)
+    mask = jnp.where(token >= 0, ones, ones - 1)
+    bits = jax.lax.bitcast_convert_type(x, unsigned) & mask
+    return jax.lax.bitcast_convert_type(bits, x.dtype)
 
 
 @no_type_check
@@ -88,8 +117,14 @@ def safe_increment(count: Shaped[Array, ""]) -> Shaped[Array, ""]:
     count = jnp.asarray(count)
     if jnp.issubdtype(count.dtype, jnp.integer):
         max_value = jnp.iinfo(count.dtype).max
-    else:
+    elif jnp.issubdtype(count.dtype, jnp.floating):
         max_value = jnp.finfo(count.dtype).max
+    else:
+        raise ValueError(
+            f"safe_increment: a counter is an integer or a real number, got {count.dtype}."
+        )
+    # In the counter's dtype: the maximum of `uint32` is no `int32` Python int.
+    max_value = jnp.array(max_value, dtype=count.dtype)
     one = jnp.array(1, dtype=count.dtype)
     return jnp.where(count < max_value, count + one, max_value)
 
@@ -108,7 +143,7 @@ def safe_int32_increment(count: Int[Array, ""]) -> Int[Array, ""]:
 @checked
 def bias_correction(
     moment: Updates,
-    decay: Float[ArrayLike, ""],
+    decay: Real[ArrayLike, ""],
     count: Int[ArrayLike, ""],
 ) -> Updates:
     r"""Divides an exponential moving average by $1 - \beta^t$ (Kingma & Ba, 2015).
@@ -125,7 +160,7 @@ def bias_correction(
 def update_moment(
     updates: Updates,
     moments: Updates,
-    decay: Float[ArrayLike, ""],
+    decay: Real[ArrayLike, ""],
     order: int,
 ) -> Updates:
     r"""An exponential moving average of the `order`-th power of the updates.
@@ -146,7 +181,7 @@ def update_moment(
 def update_moment_per_elem_norm(
     updates: Updates,
     moments: Updates,
-    decay: Float[ArrayLike, ""],
+    decay: Real[ArrayLike, ""],
     order: int,
 ) -> Updates:
     r"""An exponential moving average of $|g|^k$, real-valued for complex updates.
@@ -177,8 +212,8 @@ def update_moment_per_elem_norm(
 def update_infinity_moment(
     updates: Updates,
     moments: Updates,
-    decay: Float[ArrayLike, ""],
-    eps: Float[ArrayLike, ""],
+    decay: Real[ArrayLike, ""],
+    eps: Real[ArrayLike, ""],
 ) -> Updates:
     r"""The exponentially weighted infinity norm of AdaMax (Kingma & Ba, 2015, §7.1).
 

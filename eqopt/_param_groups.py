@@ -3,8 +3,8 @@
 Groups that only set multipliers (`lr_mult`, `wd_mult`, layer decay) keep the
 optimiser one optimiser with one state: for each call, its
 `eqopt.ScaleByLearningRate` and `eqopt.AddDecayedWeights` steps hold the
-per-leaf factors (`_with_scales`, `eqopt._leaf_scales`), constants of the
-compiled step. Groups that override a hyperparameter or bring their own
+per-leaf factors (`_with_scales`, `eqopt._leaf_scales`), arrays kept in the
+groups' state, so inputs of the compiled step. Groups that override a hyperparameter or bring their own
 optimiser are branches of an `eqopt.Partition` (the default group is the
 branch `"default"`), each branch with the multipliers too.
 """
@@ -20,7 +20,8 @@ import jax
 from ._base import AbstractGradientTransformation, OptState, Params, Updates
 from ._combine import Partition
 from ._entry import init_entry, update_entry
-from ._groups import DEFAULT, Assignment, Group, LayerDecay, layer_multiplier, resolve
+from ._groups import DEFAULT, Group, LayerDecay
+from ._groups_resolve import Assignment, layer_multiplier, resolve
 from ._hyper import is_hyperparameter_field
 from ._interop import as_transform
 from ._leaf_scales import LeafScales
@@ -132,11 +133,16 @@ class ParamGroupsState(eqx.Module):
     """The state of `eqopt.ParamGroups`.
 
     `inner` is the optimiser's state (a `eqopt.PartitionState` keyed by branch
-    when a group overrides a hyperparameter); `assignment`, static, records
-    each leaf's group and layer, resolved at `init`.
+    when a group overrides a hyperparameter); `lr_scales` and `wd_scales` hold
+    each leaf's learning-rate and weight-decay multiplier (arrays, one per
+    distinct multiplier, or one per slice of a stack of layers; `None` when
+    every multiplier is 1), inputs of the compiled step; `assignment`, static,
+    records each leaf's group and layer, resolved at `init`.
     """
 
     inner: OptState
+    lr_scales: LeafScales | None
+    wd_scales: LeafScales | None
     assignment: Assignment = eqx.field(static=True)
 
 
@@ -145,6 +151,8 @@ class ParamGroups(AbstractGradientTransformation):
     """An optimiser with parameter groups: multipliers and overrides by path or layer type.
 
     Made by `eqopt.param_groups`, whose docstring says it all.
+
+    **Kind of its parts**: element-wise, global or per layer as what it wraps is.
     """
 
     optimiser: AbstractGradientTransformation
@@ -247,32 +255,61 @@ class ParamGroups(AbstractGradientTransformation):
     def _label(self, name: str) -> str:
         return name if name in self.branches else DEFAULT
 
-    def inner(self, assignment: Assignment) -> AbstractGradientTransformation:
-        """The transform that runs: the optimiser (or the partition of its branches)
-        with each leaf's multipliers."""
-        by_name = {g.name: g for g in self.groups}
+    def _multipliers(
+        self, assignment: Assignment, group: int, layer: int | None
+    ) -> tuple[float, float]:
+        """The one formula of a group's multipliers on a layer: the learning rate's
+        `lr_mult * rate ** (n - layer)`, the weight decay's `wd_mult`."""
+        spec = next((g for g in self.groups if g.name == assignment.names[group]), None)
+        if spec is None:  # the default group
+            return layer_multiplier(self.layer_decay, layer, assignment.n_layers), 1.0
+        return (
+            spec.lr_mult
+            * layer_multiplier(self.layer_decay, layer, assignment.n_layers),
+            spec.wd_mult,
+        )
+
+    def multipliers(self, assignment: Assignment) -> tuple[list, list]:
+        """Per leaf position: its learning-rate and weight-decay multipliers (`None`
+        at untrained leaves; for a stack of layers whose slices differ, one per
+        slice, as nested tuples over the stack axes)."""
+        per_leaf: list[tuple[list, list]] = [
+            ([], []) for _ in range(len(assignment.groups))
+        ]
+        for position, _, group, layer, _, _ in assignment.units():
+            lr_mult, wd_mult = self._multipliers(assignment, group, layer)
+            per_leaf[position][0].append(lr_mult)
+            per_leaf[position][1].append(wd_mult)
         lr_factors, wd_factors = [], []
-        for group, layer in zip(assignment.groups, assignment.layers, strict=True):
-            if group is None:
-                lr_factors.append(None)
-                wd_factors.append(None)
-                continue
-            spec = by_name.get(assignment.names[group])
-            lr_mult = 1.0 if spec is None else spec.lr_mult
-            lr_factors.append(
-                lr_mult * layer_multiplier(self.layer_decay, layer, assignment.n_layers)
-            )
-            wd_factors.append(1.0 if spec is None else spec.wd_mult)
-        lr = (
+        for position, (lr, wd) in enumerate(per_leaf):
+            stack = assignment.stacks[position]
+            lr_factors.append(_factor(lr, stack))
+            wd_factors.append(_factor(wd, stack))
+        return lr_factors, wd_factors
+
+    def scales(
+        self, assignment: Assignment
+    ) -> tuple[LeafScales | None, LeafScales | None]:
+        """The multipliers as the state keeps them: `None` where all are 1."""
+        return tuple(  # pyright: ignore[reportReturnType]
             None
-            if set(lr_factors) <= {None, 1.0}
-            else LeafScales.make(assignment.treedef, tuple(lr_factors))
+            if set(factors) <= {None, 1.0}
+            else LeafScales.build(assignment.treedef, tuple(factors))
+            for factors in self.multipliers(assignment)
         )
-        wd = (
-            None
-            if set(wd_factors) <= {None, 1.0}
-            else LeafScales.make(assignment.treedef, tuple(wd_factors))
-        )
+
+    def inner(self, state: ParamGroupsState) -> AbstractGradientTransformation:
+        """The transform that runs: the optimiser (or the partition of its branches)
+        with each leaf's multipliers, read from `state`."""
+        assignment, lr, wd = state.assignment, state.lr_scales, state.wd_scales
+        return self._inner(assignment, lr, wd)
+
+    def _inner(
+        self,
+        assignment: Assignment,
+        lr: LeafScales | None,
+        wd: LeafScales | None,
+    ) -> AbstractGradientTransformation:
         if not self.branches:
             return _with_scales(self.optimiser, lr, wd)
         used = {
@@ -291,8 +328,12 @@ class ParamGroups(AbstractGradientTransformation):
             self.optimiser.frozen_selection(params) if self.optimiser.freezes else None
         )
         assignment = resolve(self.groups, self.layer_decay, params, self.strict, frozen)
+        lr, wd = self.scales(assignment)
         return ParamGroupsState(
-            inner=self.inner(assignment).init(params), assignment=assignment
+            inner=self._inner(assignment, lr, wd).init(params),
+            lr_scales=lr,
+            wd_scales=wd,
+            assignment=assignment,
         )
 
     @update_entry
@@ -303,34 +344,24 @@ class ParamGroups(AbstractGradientTransformation):
         params: Params | None = None,
         **extra_args: Any,
     ) -> tuple[Updates, ParamGroupsState]:
-        inner = self.inner(state.assignment)
-        new_updates, inner_state = inner.update(
+        new_updates, inner_state = self.inner(state).update(
             updates, state.inner, params, **extra_args
         )
-        return new_updates, ParamGroupsState(
-            inner=inner_state, assignment=state.assignment
-        )
+        return new_updates, dataclasses.replace(state, inner=inner_state)
 
     def rows(self, assignment: Assignment) -> tuple[GroupRow, ...]:
         """Per group (per group and layer, with layer decay): its leaves and multipliers,
-        in the groups' order, the default group last."""
-        by_name = {g.name: g for g in self.groups}
+        in the groups' order, the default group last. A stack of layers is its
+        layers: each slice is a path (`blocks[3].mlp.weight`) in its group and layer."""
         collected: dict[tuple[int, int], tuple[list[str], int]] = {}
-        for group, layer, path, size in zip(
-            assignment.groups,
-            assignment.layers,
-            assignment.paths,
-            assignment.sizes,
-            strict=True,
-        ):
-            if group is not None:
-                paths, total = collected.get((group, layer or 0), ([], 0))
-                collected[(group, layer or 0)] = ([*paths, path], total + size)
+        for _, _, group, layer, path, size in assignment.units():
+            paths, total = collected.get((group, layer or 0), ([], 0))
+            collected[(group, layer or 0)] = ([*paths, path], total + size)
         out = []
         for (group, layer), (paths, size) in sorted(collected.items()):
             name = assignment.names[group]
-            spec = by_name.get(name)
             layer_of = None if self.layer_decay is None else layer
+            lr_mult, wd_mult = self._multipliers(assignment, group, layer_of)
             out.append(
                 GroupRow(
                     group=name,
@@ -338,12 +369,30 @@ class ParamGroups(AbstractGradientTransformation):
                     label=self._label(name),
                     paths=tuple(paths),
                     size=size,
-                    lr_mult=(1.0 if spec is None else spec.lr_mult)
-                    * layer_multiplier(self.layer_decay, layer_of, assignment.n_layers),
-                    wd_mult=1.0 if spec is None else spec.wd_mult,
+                    lr_mult=lr_mult,
+                    wd_mult=wd_mult,
                 )
             )
         return tuple(out)
+
+
+def _factor(values: list[float], stack: tuple[int, ...]) -> Any:
+    # A leaf's one multiplier, or (a stack whose slices differ) its slices'
+    # multipliers as nested tuples over the stack axes; `None` for no slice.
+    if not values:
+        return None
+    if len(set(values)) == 1:
+        return values[0]
+
+    def nest(flat: list[float], shape: tuple[int, ...]) -> tuple:
+        if len(shape) == 1:
+            return tuple(flat)
+        step = len(flat) // shape[0]
+        return tuple(
+            nest(flat[i * step : (i + 1) * step], shape[1:]) for i in range(shape[0])
+        )
+
+    return nest(values, stack)
 
 
 @checked
@@ -368,9 +417,13 @@ def param_groups(
     as PyTorch's parameter groups (Paszke et al., NeurIPS 2019) with per-group
     `lr` and `weight_decay` give it.
 
-    Multipliers keep one optimiser with one state (the multipliers are
-    constants of the compiled step, per leaf, or per segment of a packed or
-    bucketed buffer). A group that overrides a hyperparameter (`b2=0.95`,
+    Multipliers keep one optimiser with one state (the multipliers are arrays
+    in the state, inputs of the compiled step: per leaf, per segment of a
+    packed or bucketed buffer, or per slice of a stack of layers). A stack of
+    layers (`eqx.filter_vmap`) is its layers: each slice is matched by its
+    path as a layer (`blocks[3].mlp.weight`) and gets its own group and layer,
+    so the numbers are those of the same blocks in a list; a group that
+    overrides a hyperparameter or brings an optimiser takes whole stacks. A group that overrides a hyperparameter (`b2=0.95`,
     `learning_rate=schedule`) or brings its own `optimiser=` is a branch of an
     `eqopt.partition` underneath, with its own state.
 

@@ -13,11 +13,12 @@ from jaxtyping import Array, Int
 
 from ._base import EmptyState
 from ._numerics import safe_int32_increment
+from ._optax_tuple import OptaxTuple
 from ._typecheck import checked
 
 
 @checked
-class ScaleByScheduleState(eqx.Module):
+class ScaleByScheduleState(eqx.Module, OptaxTuple):
     """The step count of a scheduled transform (`eqopt.ScaleBySchedule`, or a
     transform whose hyperparameter is a schedule)."""
 

@@ -17,12 +17,15 @@ NAMESPACES = [
     "losses",
     "schedules",
     "tree",
+    "tree_utils",
+    "transforms",
     "projections",
     "second_order",
     "monte_carlo",
     "perturbations",
     "assignment",
     "contrib",
+    "microbatching",
 ]
 
 

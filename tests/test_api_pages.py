@@ -12,7 +12,7 @@ import eqopt
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Those of the Optax checks, and `eqopt.microbatching` (which Optax keeps elsewhere).
-NAMESPACES = (*API_NAMESPACES, "microbatching")
+NAMESPACES = tuple(dict.fromkeys((*API_NAMESPACES, "microbatching")))
 
 
 def _pages() -> dict[str, str]:

@@ -43,6 +43,15 @@ def test_incremental_and_periodic_update_match_optax_and_keep_model_leaves():
         eqopt.incremental_update(TREE, {"a": OTHER["a"], "b": jnp.ones(3)}, 0.5)
 
 
+def test_periodic_update_takes_a_traced_period():
+    """Jitted as Optax's tests call it, with the period an argument (traced)."""
+    update = jax.jit(eqopt.periodic_update)
+    for step in (4, 5, 10, 11):
+        assert_tree_allclose(
+            update(TREE, OTHER, step, 5), optax.periodic_update(TREE, OTHER, step, 5)
+        )
+
+
 def test_gradient_transformation_wraps_function_pairs():
     """An Optax-style pair of functions becomes an eqopt transform; extra args are forwarded if taken."""
 

@@ -56,3 +56,17 @@ def test_add_decayed_weights_with_nothing_to_decay_needs_no_params():
     assert tx.update({"a": None}, state)[0] == {"a": None}
     with pytest.raises(ValueError, match="needs `params`"):
         tx.update({"a": jnp.ones(2)}, state)
+
+
+def test_no_gradient_at_all_is_none_at_every_leaf():
+    """`update(None, ...)`: no gradient for any leaf, read as `None` at every leaf
+    of the params (eqopt's "not trained"), so nothing is decayed; Optax returns
+    `None` itself. A stateful optimiser takes its step as for `None` leaves."""
+    weights = (jnp.ones(2), {"a": jnp.ones(2), "b": jnp.ones(2)})
+    decay = eqopt.add_decayed_weights(0.1, mask=None)
+    updates, _ = decay.update(None, decay.init(weights), weights)
+    assert updates == (None, {"a": None, "b": None})
+    assert optax.add_decayed_weights(0.1).update(None, (), weights)[0] is None
+    adam = eqopt.adam(1e-3)
+    updates, state = adam.update(None, adam.init(weights), weights)
+    assert jax.tree.leaves(updates) == [] and int(state[0].count) == 1

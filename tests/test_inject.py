@@ -411,3 +411,34 @@ def test_vmap_over_initial_value():
     np.testing.assert_allclose(
         swept, jnp.stack([-0.1 * grads["b"], -0.2 * grads["b"]]), rtol=1e-6
     )
+
+
+def test_a_traced_integer_seed_builds_the_noise():
+    """An integer hyperparameter that builds a key (`noisy_sgd(key=0)`) is traced
+    when `init` is jitted: the key is made from it as from the number, and the
+    noise is Optax's."""
+    params = [-jnp.ones((2, 3)), jnp.ones((2, 5, 2))]
+    grads = [jnp.ones((2, 3)), -jnp.ones((2, 5, 2))]
+    kwargs = {"learning_rate": 1e-3, "eta": 1e-4, "key": 0}
+    ours = eqopt.inject_hyperparams(eqopt.noisy_sgd)(**kwargs)
+    state = jax.jit(ours.init)(params)
+    updates, _ = jax.jit(ours.update)(grads, state, params)
+    theirs = optax.noisy_sgd(**kwargs)
+    expected, _ = theirs.update(grads, theirs.init(params), params)
+    assert_tree_allclose(updates, expected, rtol=1e-5)
+
+
+def test_a_prng_key_is_passed_through_not_injected():
+    """A typed key given to the factory is data for it, not a number to inject:
+    it is not in `state.hyperparams`, and the optimiser jits."""
+    tx = eqopt.inject_hyperparams(eqopt.add_noise)(
+        eta=1.0, gamma=0.5, key=jax.random.key(17)
+    )
+    params = [jnp.ones((1, 2)), jnp.ones(2)]
+    state = jax.jit(tx.init)(params)
+    assert set(state.hyperparams) == {"eta", "gamma"}
+    updates, _ = jax.jit(tx.update)(params, state, params)
+    expected, _ = optax.add_noise(1.0, 0.5, key=jax.random.key(17)).update(
+        params, optax.add_noise(1.0, 0.5, key=jax.random.key(17)).init(params)
+    )
+    assert_tree_allclose(updates, expected)

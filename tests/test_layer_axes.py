@@ -48,6 +48,7 @@ def test_each_layer_gives_its_input_and_output_axes():
         (0,),
     )
     assert found[".mlp.layers[0].bias"] == LayerLeaf(eqx.nn.Linear, "bias")
+    assert found[".mlp.layers[0].bias"].stack_axes == 0
     assert found[".attention.query_proj.weight"].heads == 2
     assert found[".attention.key_proj.weight"].heads == 2
     assert found[".attention.value_proj.weight"].heads is None
@@ -85,16 +86,21 @@ def test_the_paths_are_those_of_a_flattened_tree():
 
 def test_a_stack_of_layers_is_a_batch_of_matrices():
     """Layers stacked with `eqx.filter_vmap` (a scanned block): the leading axis is
-    neither input nor output, and Muon orthogonalises each layer's matrix alone."""
+    a stack axis, the input and output axes are those of one slice, and Muon
+    orthogonalises each layer's matrix alone."""
     keys = jax.random.split(jax.random.key(0), 3)
     stacked = eqx.filter_vmap(lambda k: eqx.nn.Linear(8, 16, key=k))(keys)
     convs = eqx.filter_vmap(lambda k: eqx.nn.Conv2d(2, 4, 3, key=k))(keys)
     found = _by_name({"linear": stacked, "conv": convs})
-    assert found["['linear'].weight"].input_axes == (2,)
-    assert found["['linear'].weight"].output_axes == (1,)
-    assert found["['conv'].weight"].input_axes == (2, 3, 4)
-    assert found["['conv'].weight"].output_axes == (1,)
+    assert found["['linear'].weight"].input_axes == (1,)
+    assert found["['linear'].weight"].output_axes == (0,)
+    assert found["['linear'].weight"].stack_axes == 1
+    assert found["['conv'].weight"].input_axes == (1, 2, 3)
+    assert found["['conv'].weight"].output_axes == (0,)
+    assert found["['conv'].weight"].stack_axes == 1
+    assert found["['conv'].bias"].stack_axes == 1
     assert not found["['linear'].bias"].is_matrix
+    assert found["['linear'].bias"].stack_axes == 1
 
     grads = jax.tree.map(
         lambda x: jnp.sin(jnp.arange(x.size, dtype=x.dtype)).reshape(x.shape), stacked

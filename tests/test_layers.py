@@ -53,6 +53,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "eqopt._fused._pack",
             "eqopt._fused._split",
             "eqopt._leaf_scales",
+            "eqopt._optax_tuple",
         ),
     ),
     (
@@ -61,6 +62,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         (
             "eqopt.tree",
             "eqopt.tree.*",
+            "eqopt.tree_utils",
+            "eqopt.tree_utils.*",
             "eqopt._linalg",
             "eqopt.losses",
             "eqopt.losses.*",
@@ -93,6 +96,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "eqopt._train_state",
             "eqopt._fused._bucketed",
             "eqopt._groups",
+            "eqopt._groups_resolve",
         ),
     ),
     ("schedules", "schedules", ("eqopt.schedules", "eqopt.schedules.*")),
@@ -109,6 +113,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "eqopt._wrappers",
             "eqopt._wrappers.*",
             "eqopt.microbatching",
+            "eqopt.transforms",
             "eqopt._zero",
             "eqopt._zero_plan",
             "eqopt._param_groups",

@@ -518,3 +518,22 @@ def test_errors():
         eqopt.scale_by_zoom_linesearch(5, curv_rtol="0.9")
     with pytest.raises(ValueError, match="decrease_factor"):
         eqopt.scale_by_backtracking_linesearch(5, decrease_factor=0.0)
+
+
+@pytest.mark.parametrize(
+    "search",
+    [
+        lambda: eqopt.scale_by_zoom_linesearch(max_linesearch_steps=20),
+        lambda: eqopt.scale_by_backtracking_linesearch(max_backtracking_steps=20),
+    ],
+)
+def test_a_learning_rate_set_as_a_number_is_read(search):
+    """The initial step set in the state as a Python number (as Optax's tests do
+    with `tree.set(state, learning_rate=1.0)`) is read in the value's dtype."""
+    opt = search()
+    params = jnp.array([1.0, 2.0])
+    state = eqopt.tree.set(opt.init(params), learning_rate=1.0)
+    fn = lambda x: jnp.sum(x**2)  # noqa: E731
+    value, grad = jax.value_and_grad(fn)(params)
+    updates, _ = opt.update(-grad, state, params, value=value, grad=grad, value_fn=fn)
+    assert float(fn(params + updates)) < float(value)

@@ -43,6 +43,12 @@ LOSS_CASES = [
         jit=False,
     ),
     Case("dice_loss-single-class", "dice_loss", _binary_segmentation_inputs((2, 3, 1))),
+    Case(  # A single class is the foreground: `ignore_background` keeps it.
+        "dice_loss-single-class-ignore-background",
+        "dice_loss",
+        _binary_segmentation_inputs((2, 3, 1)),
+        {"ignore_background": True},
+    ),
     Case(
         "binary_dice_loss", "binary_dice_loss", _binary_segmentation_inputs((2, 3, 3))
     ),

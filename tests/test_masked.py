@@ -229,3 +229,23 @@ def test_a_mask_that_selects_nothing_passes_every_update_through():
         state = opt.init(params)
     updates, new_state = eqx.filter_jit(opt.update)(jnp.asarray(-0.25), state, params)
     np.testing.assert_allclose(updates, -0.25)
+
+
+@pytest.mark.parametrize("mask", [np.array(True), jnp.array(True), np.bool_(True)])
+def test_a_zero_d_boolean_array_is_a_bool_mask(mask):
+    """`np.array(True)` and `jnp.array(True)` mean `True`, for `masked`, `freeze`
+    and `selective_transform` (as in Optax); the mask is kept as a Python bool,
+    so it is no leaf of the transform."""
+    params = {"a": jnp.ones(3), "b": jnp.ones((2, 2))}
+    grads = jax.tree.map(jnp.ones_like, params)
+    for opt in (
+        eqopt.freeze(mask),
+        eqopt.selective_transform(eqopt.sgd(1.0), freeze_mask=mask),
+    ):
+        updates, _ = opt.update(grads, opt.init(params), params)
+        assert all(float(jnp.abs(u).max()) == 0.0 for u in jax.tree.leaves(updates))
+    opt = eqopt.masked(eqopt.sgd(1.0), {"a": mask, "b": np.array(False)})
+    assert opt.mask == {"a": True, "b": False}
+    updates, _ = opt.update(grads, opt.init(params), params)
+    assert float(updates["a"][0]) == -1.0 and float(updates["b"][0, 0]) == 1.0
+    assert eqopt.freeze(mask).mask is True

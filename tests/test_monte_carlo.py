@@ -79,7 +79,7 @@ def test_multi_normal():
     # log_scale broadcasts against loc.
     shared = mc.multi_normal(MEAN, jnp.array(0.5))
     assert shared.sample((2,), jax.random.PRNGKey(1)).shape == (2, 3)
-    with pytest.raises(jaxtyping.TypeCheckError):
+    with pytest.raises(ValueError, match="Incompatible shapes for broadcasting"):
         mc.multi_normal(MEAN, jnp.zeros(2))
     with pytest.raises(ValueError, match="event shape"):
         dist.log_prob(jnp.zeros((2, 4)))
@@ -354,3 +354,15 @@ def test_top_level_multi_normal_is_optax():
     assert eqopt.multi_normal is mc.multi_normal
     with pytest.raises(TypeError, match="give the random key once"):
         ours.sample((4,))
+
+
+@pytest.mark.parametrize(
+    "loc_shape, scale_shape", [(2, 3), ((2, 3), (3, 2)), ((1, 2, 1, 3), (2, 1, 4, 4))]
+)
+def test_multi_normal_refuses_shapes_that_do_not_broadcast(loc_shape, scale_shape):
+    """A `ValueError` saying so, as Optax raises (and a `TypeError`)."""
+    loc, log_scale = jnp.zeros(loc_shape), jnp.zeros(scale_shape)
+    for error in (ValueError, TypeError):
+        with pytest.raises(error, match="Incompatible shapes for broadcasting"):
+            mc.multi_normal(loc, log_scale)
+    assert mc.multi_normal(jnp.zeros((2, 3)), jnp.zeros(3)).param_shape == (2, 3)

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from helpers import assert_tree_allclose
 
 import eqopt
@@ -62,3 +63,33 @@ def test_global_norm_of_whole_model_ignores_non_arrays():
     model = eqx.nn.MLP(2, 2, 3, 1, key=jax.random.key(0))
     expected = optax.global_norm(eqx.filter(model, eqx.is_array))
     assert_tree_allclose(eqopt.global_norm(model), expected)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "uint32", "int8", "float16"])
+def test_safe_increment_saturates_every_counter_dtype(dtype):
+    """Unsigned counters too: the maximum of `uint32` is compared in the
+    counter's dtype (as a Python int it overflowed `int32` under `jit`)."""
+    increment = jax.jit(eqopt.safe_increment)
+    assert int(increment(jnp.asarray(3, dtype))) == 4
+    info = jnp.iinfo(dtype) if "int" in dtype else jnp.finfo(dtype)
+    top = jnp.asarray(info.max, dtype)
+    assert increment(top) == top and increment(top).dtype == jnp.dtype(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bool", "complex64"])
+def test_safe_increment_refuses_what_is_no_counter(dtype):
+    with pytest.raises(ValueError, match="safe_increment"):
+        eqopt.safe_increment(jnp.asarray(1, dtype))
+
+
+def test_moment_updates_take_integer_decays():
+    """`decay=1` and `eps=0` as Python ints, as Optax's tests pass them."""
+    g, m = {"a": jnp.array([2.0, -3.0])}, {"a": jnp.array([1.0, 1.0])}
+    for ours, theirs in (
+        (eqopt.update_moment(g, m, 1, 2), optax.tree.update_moment(g, m, 1, 2)),
+        (
+            eqopt.update_infinity_moment(g, m, 1, 0),
+            optax.tree.update_infinity_moment(g, m, 1, 0),
+        ),
+    ):
+        assert_tree_allclose(ours, theirs)

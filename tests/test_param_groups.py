@@ -441,7 +441,7 @@ def test_bad_configurations():
         {"w": jnp.ones(3)},
     )
     _error(
-        r"layer_decay\(layers='encoder'\): the model has no list of layers at that path; its lists are \['blocks'\]",
+        r"layer_decay\(layers='encoder'\): the model has no list or stack of layers at that path; it has \['blocks'\]",
         lambda: eqopt.param_groups(
             adamw, layer_decay=eqopt.layer_decay(0.9, layers="encoder")
         ),

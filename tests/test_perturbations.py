@@ -149,3 +149,19 @@ def test_errors():
         perturbations.make_perturbed_fun(f)(jax.random.PRNGKey(0), {"n": 3})
     with pytest.raises(jaxtyping.TypeCheckError):
         perturbations.Normal().log_prob(jnp.arange(3))
+
+
+def test_perturbed_function_jits_as_a_function():
+    """`jax.jit(perturbations.make_perturbed_fun(...))`, as in Optax: the function hashes by
+    identity (its `sigma` is an array), and gives the eager values."""
+    perturbed = perturbations.make_perturbed_fun(
+        lambda x: jnp.sum(x**2), num_samples=10, sigma=0.1
+    )
+    jitted = jax.jit(perturbed)
+    key, x = jax.random.key(0), jnp.ones(3)
+    np.testing.assert_allclose(jitted(key, x), perturbed(key, x), rtol=1e-6)
+    assert hash(perturbed) == id(
+        perturbed
+    ) and perturbed != perturbations.make_perturbed_fun(
+        lambda x: jnp.sum(x**2), num_samples=10, sigma=0.1
+    )

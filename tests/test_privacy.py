@@ -62,6 +62,25 @@ def test_per_example_layer_norm_clip_matches_optax(uniform, clip):
     ]
 
 
+def test_integer_gradients_are_clipped_in_floating_point():
+    """An integer leaf's clipped sum is not a whole number: it is computed in
+    the scale's floating dtype, as Optax does (it was truncated to integers)."""
+    grads = [
+        jnp.array([[0.0, -0.5], [3.0, 4.0], [5.0, 6.0], [0.0, 0.0]]),
+        jnp.array([[0], [5], [-3], [0]]),
+    ]
+    for clip in (
+        eqopt.per_example_global_norm_clip,
+        optax.per_example_global_norm_clip,
+    ):
+        summed, clipped = clip(grads, 1.0)
+        assert summed[1].dtype == jnp.float32 and int(clipped) == 2
+        expected = 5 / np.sqrt(50) - 3 / np.sqrt(70)
+        np.testing.assert_allclose(summed[1], [expected], rtol=1e-6)
+    summed, _ = eqopt.per_example_layer_norm_clip(grads, 1.0)
+    assert summed[1].dtype == jnp.float32
+
+
 def test_clips_work_on_the_documented_example():
     grads = [jnp.array([[0, 0, 0], [0, 3, 4], [4, 0, 3], [3, 4, 0]], jnp.float32)]
     summed, clipped = eqopt.per_example_global_norm_clip(grads, 1.25)

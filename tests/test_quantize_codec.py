@@ -322,10 +322,14 @@ def test_decaying_adam_moments_reach_float32_to_the_maps_resolution(bits, roundi
     at 4. After a gradient of 0.1 and 1000 steps without one, beside an element
     whose gradient stays 1, the roots of the second moments are on average
     within one step of the map (the block's root maximum over 2^bits) of
-    float32's, nine in ten of them each within one step, and the first moments
+    float32's, three in four of them each within one step, and the first moments
     on average within the map's lowest value (relative to the block's maximum)
     of float32's zero. Each element's own error is a random walk of steps
-    (up to a few). Rounded to nearest, 0.999 v and 0.9 m round back to their
+    (up to a few): one code above the lowest, a root goes down with chance
+    2 (1 - sqrt(0.999)), 0.1%, a step only, so with independent draws 14% ± 3%
+    of them are still there after 1000 steps (10%, 15%, 17% over three keys
+    of `jax.random`; nine in ten within one step held only by chance).
+    Rounded to nearest, 0.999 v and 0.9 m round back to their
     codes: at 8 bits the second moments stall 7 steps up (6.2e-4 where
     float32's is 3.7e-6), at both widths the first moments far above zero."""
     fmt = eqopt.Quantized(bits, rounding=rounding)
@@ -353,7 +357,7 @@ def test_decaying_adam_moments_reach_float32_to_the_maps_resolution(bits, roundi
     lowest = float(dynamic_map(bits)[2 ** (bits - 1)])
     mu_error = np.mean(np.abs(mu - mu_float32)) / float(quantised[0].mu["w"].scales[0])
     if rounding is None:
-        assert np.mean(root_error) <= 1.0 and np.percentile(root_error, 90) <= 1.0
+        assert np.mean(root_error) <= 1.0 and np.percentile(root_error, 75) <= 1.0
         assert mu_error <= lowest
     else:
         assert mu_error > 5 * lowest

@@ -11,6 +11,7 @@ import pytest
 
 import eqopt
 from eqopt._quantize import QuantizedArray, _call, requantize_all
+from eqopt._quantize._array import _rows, _salts
 
 
 def test_block_maxima_are_one_pass_over_all_moments():
@@ -108,18 +109,25 @@ def test_moments_in_rows_of_blocks_are_the_leaf_shaped_numbers(name, bits, monke
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6 * np.abs(b).max())
 
 
+@pytest.mark.parametrize("step", [None, 7])
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 @pytest.mark.parametrize("bits, kind", [(8, "dynamic"), (8, "sqrt"), (4, "linear")])
-def test_a_cut_moment_has_the_codes_of_the_padded_one(bits, kind, rounding):
+def test_a_cut_moment_has_the_codes_of_the_padded_one(bits, kind, rounding, step):
     """A moment of 2 blocks and 22 elements is requantised as its whole blocks and,
     apart, its padded rest (`requantize_all`): the codes and scales of the whole
     padded at once, stochastic rounding's draws included (they depend on the
-    position in the moment)."""
+    position in the moment and, given a step, on the step and the old scales)."""
     x = jax.random.normal(jax.random.key(3), (5, 30)) * jnp.logspace(-4, 0, 30)[None]
     if kind == "sqrt":
         x = x * x
-    padded = QuantizedArray.quantize(x, bits, kind, 64, jnp.float32, rounding=rounding)
-    (cut,) = requantize_all([padded], [x])
+    old = QuantizedArray.quantize(x * 0.5, bits, kind, 64, rounding=rounding)
+    rows = _rows(x, kind, 64)
+    salt = None if rounding == "nearest" or step is None else _salts(old, step)
+    padded = QuantizedArray._from_rows(
+        rows, jnp.max(jnp.abs(rows), axis=1), x.shape, bits, kind, jnp.float32,
+        rounding, salt=salt,
+    )  # fmt: skip
+    (cut,) = requantize_all([old], [x], step)
     assert cut.codes.shape == padded.codes.shape == (3, 64 if bits == 8 else 32)
     np.testing.assert_array_equal(np.asarray(cut.codes), np.asarray(padded.codes))
     np.testing.assert_array_equal(np.asarray(cut.scales), np.asarray(padded.scales))

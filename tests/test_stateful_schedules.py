@@ -188,3 +188,16 @@ def test_wrapped_schedule_matches_optax():
         np.testing.assert_allclose(updates["w"], reference_updates["w"], rtol=1e-6)
     wrapped = eqopt.WrappedSchedule(schedule)
     assert float(wrapped(wrapped.update(wrapped.init()))) == pytest.approx(0.05)
+
+
+def test_wrapped_schedule_state_reads_as_its_count():
+    """Optax's `WrappedSchedule` state is a one-field NamedTuple that NumPy reads
+    as `[count]`: eqopt's reads the same, so `np.testing.assert_allclose(count,
+    state)` holds for both, step after step."""
+    schedule = eqopt.schedules.linear_schedule(1.0, 0.0, 10)
+    for wrapped in (eqopt.WrappedSchedule(schedule), optax.WrappedSchedule(schedule)):
+        state = wrapped.init()
+        for step in range(3):
+            np.testing.assert_array_equal(np.asarray(state), [step])
+            np.testing.assert_allclose(schedule(step), wrapped(state), atol=0.0)
+            state = wrapped.update(state, loss=jnp.ones([]))

@@ -262,3 +262,42 @@ def test_tree_map_params_over_a_chain_state():
     doubled = eqopt.tree_map_params(opt, lambda p: p + 2.0, state)
     assert_tree_allclose(doubled[0].mu, jax.tree.map(lambda x: x + 2.0, state[0].mu))
     assert doubled[0].count == state[0].count
+
+
+@pytest.mark.parametrize("wrapper", ["masked", "freeze", "selective_transform"])
+def test_map_params_finds_the_moments_under_a_tree_mask(wrapper):
+    """A mask that is a tree (not a bool or a predicate) resolves against the
+    placeholder that stands for the whole params, so the moments are found
+    without `*rest`: the selected leaves are mapped, as Optax's are."""
+    params = {"a": jnp.ones(3), "b": {"c": jnp.ones((2, 2)), "d": jnp.ones(2)}}
+    mask = {"a": True, "b": {"c": False, "d": True}}
+    frozen = {"a": False, "b": True}
+    opt = {
+        "masked": lambda: eqopt.masked(eqopt.adam(1.0), mask),
+        "freeze": lambda: eqopt.chain(eqopt.freeze(frozen), eqopt.adam(1.0)),
+        "selective_transform": lambda: eqopt.selective_transform(
+            eqopt.adam(1.0), freeze_mask=frozen
+        ),
+    }[wrapper]()
+    state = opt.init(params)
+    out = eqopt.tree.map_params(opt, lambda p: p + 1.0, state)
+    assert jax.tree.structure(out) == jax.tree.structure(state)
+    mu = eqopt.tree.get(out, "mu")
+    assert float(mu["a"].sum()) == 3.0 and mu["b"]["c"] is None
+    if wrapper == "masked":
+        theirs = optax.masked(optax.adam(1.0), mask)
+        mapped = optax.tree.map_params(theirs, lambda p: p + 1.0, theirs.init(params))
+        assert float(mapped.inner_state[0].mu["b"]["d"].sum()) == float(
+            mu["b"]["d"].sum()
+        )
+
+
+def test_map_params_finds_the_fast_moments_of_lookahead():
+    """`lookahead`'s state is built on the stand-in for the params (the fast
+    optimiser's state is shaped like them), as Optax's is."""
+    params = {"w": jnp.ones(3)}
+    opt = eqopt.lookahead(eqopt.adam(1e-3), sync_period=2, slow_step_size=0.5)
+    state = opt.init(eqopt.LookaheadParams.init_synced(params))
+    out = eqopt.tree.map_params(opt, lambda p: p + 1.0, state)
+    assert float(eqopt.tree.get(out, "mu")["w"].sum()) == 3.0
+    assert int(eqopt.tree.get(out, "count")) == 0

@@ -15,6 +15,7 @@ from .._base import (
 from .._entry import init_entry, update_entry
 from .._interop import as_transform
 from .._leaves import is_none
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 from ._pack import (
     MAX_MEAN_LEAF_SIZE as MAX_MEAN_LEAF_SIZE,
@@ -30,7 +31,7 @@ from ._pack import (
 
 
 @checked
-class BucketedState(eqx.Module):
+class BucketedState(eqx.Module, OptaxTuple):
     """The state of `eqopt.Bucketed`: the inner state over packed buffers.
 
     `inner` is the inner transform's state for the packed params, so its moments
@@ -73,6 +74,8 @@ class Bucketed(AbstractGradientTransformation):
     mask (on segments of a buffer), and one that is not (per-leaf norms,
     freezing) sees the params unpacked, as with `eqopt.pack`. For the
     largest speed-up, also keep the params packed with `eqopt.pack`.
+
+    **Kind of its parts**: element-wise, global or per layer as what it wraps is.
 
     **Arguments:**
 

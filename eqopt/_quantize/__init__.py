@@ -40,8 +40,11 @@ average. A moment is re-quantised every step after being multiplied by
 $\beta$: at 4 bits, $\beta x$ (0.9 or 0.999 of $x$) usually rounds back to
 the code of $x$, so with rounding to nearest a moment stops decaying and small
 gradients stop reaching it; stochastic rounding keeps both on average. The
-random number is a hash of the element's position and value, so no key is
-stored and a state rounds the same way every time.
+random number is a hash of the element's position, the optimiser's step
+and the block's stored scale (`_codec._dither`; of the value's float bits
+for a transform that gives no step), so no key is stored, a state rounds the
+same way every time, and a layout that splits or pads the rows (ZeRO-1)
+draws the same numbers.
 
 The nearest code is computed arithmetically (comparisons for the decade,
 one floor for the grid cell), never searched: a search over the map cost

@@ -12,7 +12,14 @@ from jaxtyping import Array, ArrayLike, Float, UInt8
 
 from .._sharding import gathered
 from .._typecheck import checked
-from ._codec import _decode, _encode, _looks_up, _pack_nibbles, _unpack_nibbles
+from ._codec import (
+    _decode,
+    _encode,
+    _looks_up,
+    _pack_nibbles,
+    _unpack_nibbles,
+    row_salts,
+)
 
 
 @checked
@@ -139,6 +146,7 @@ class QuantizedArray(eqx.Module):
         dtype: Any,
         rounding: str = "nearest",
         first_row: int = 0,
+        salt: Array | None = None,
     ) -> "QuantizedArray":
         # A second moment stores sqrt(v): its scale is the root of the block's
         # maximum, and the root of each element is taken only here, by the
@@ -148,7 +156,7 @@ class QuantizedArray(eqx.Module):
         if kind == "sqrt":
             scales, rows = jnp.sqrt(maxima), jnp.sqrt(rows)
         codes = _encode(
-            rows * _inverse(scales)[:, None], kind, bits, rounding, first_row
+            rows * _inverse(scales)[:, None], kind, bits, rounding, first_row, salt
         )
         if bits == 4:
             codes = _pack_nibbles(codes)
@@ -273,7 +281,7 @@ def _rank1_scales(scales, shape):
 
 
 @no_type_check
-def _quantize_rank1(x, bits, kind, block_size, dtype, rounding):
+def _quantize_rank1(x, bits, kind, block_size, dtype, rounding, salt=None):
     """`x` quantised with rank-1 normalisation (Li et al.): each element divided by
     the least of its slices' absolute maxima, one slice along each axis."""
     x, _ = gathered(jnp.asarray(x, jnp.float32))
@@ -289,7 +297,7 @@ def _quantize_rank1(x, bits, kind, block_size, dtype, rounding):
     if kind == "sqrt":
         scales, x = jnp.sqrt(scales), jnp.sqrt(x)
     normalised = x * _inverse(_rank1_scales(scales, x.shape))
-    codes = _encode(_flatten(normalised, block_size), kind, bits, rounding)
+    codes = _encode(_flatten(normalised, block_size), kind, bits, rounding, salt=salt)
     if bits == 4:
         codes = _pack_nibbles(codes)
     return QuantizedArray(
@@ -348,7 +356,7 @@ def _block_maxima(rows):
 
 
 @no_type_check
-def requantize_all(olds, news):
+def requantize_all(olds, news, step=None):
     """Each of `news` quantised in the format of the matching `olds`, with the block
     maxima of all the block-normalised ones taken in one pass.
 
@@ -357,17 +365,21 @@ def requantize_all(olds, news):
     codes as the whole padded): padded whole, the new moment was written to a
     padded float32 copy first, and an 8-bit Adam step on a width-1000 MLP took
     twice as long (`benchmarks/lowbit_bench.py --width 1000`).
+
+    `step` (the optimiser's step count, or `None`) salts stochastic rounding's
+    draws (`_codec._dither`): given, they depend on positions, the step and
+    the stored scales only, so that every program layout draws the same.
     """
     cut = {
         index: _cut_rows(new, old.kind, old.block_size)
         for index, (old, new) in enumerate(zip(olds, news, strict=True))
         if old.normalization != "rank1"
     }
-    return _quantized_rows(olds, news, cut)
+    return _quantized_rows(olds, news, cut, step)
 
 
 @no_type_check
-def _quantized_rows(olds, news, cut):
+def _quantized_rows(olds, news, cut, step=None):
     """`requantize_all` with the block-normalised moments already in rows: `cut`
     maps their indices to (whole blocks, the padded rest or `None`)."""
     heads = {index: head for index, (head, _) in cut.items()}
@@ -378,17 +390,31 @@ def _quantized_rows(olds, news, cut):
     )
 
     def quantized(index, old, new):
+        salts = _salts(old, step)
         if index not in cut:
             return _quantize_rank1(
-                new, old.bits, old.kind, old.block_size, old.dtype, old.rounding
+                new,
+                old.bits,
+                old.kind,
+                old.block_size,
+                old.dtype,
+                old.rounding,
+                None if salts is None else salts[0],
             )
         head = heads[index]
+        rows = head.shape[0]
         fields = (old.shape, old.bits, old.kind, old.dtype, old.rounding)
-        first = QuantizedArray._from_rows(head, maxima[index], *fields)
+        first = QuantizedArray._from_rows(
+            head, maxima[index], *fields, salt=None if salts is None else salts[:rows]
+        )
         if index not in tails:
             return first
         last = QuantizedArray._from_rows(
-            tails[index], tail_maxima[index], *fields, first_row=head.shape[0]
+            tails[index],
+            tail_maxima[index],
+            *fields,
+            first_row=rows,
+            salt=None if salts is None else salts[rows : rows + 1],
         )
         return _joined(first, last)
 
@@ -400,6 +426,17 @@ def _quantized_rows(olds, news, cut):
         )
         for index, (old, new) in enumerate(zip(olds, news, strict=True))
     ]
+
+
+@no_type_check
+def _salts(old, step):
+    """The salts of the rows of `old`'s next quantisation at `step`
+    (`row_salts` of its scales, gathered where they are split over an explicit
+    axis), or `None` where it rounds to nearest or no step is given."""
+    if old.rounding != "stochastic" or step is None:
+        return None
+    scales, _ = gathered(old.scales)
+    return row_salts(scales, old.kind, step)
 
 
 @no_type_check

@@ -43,7 +43,9 @@ def _block_rows(u: Any, rest: Any) -> int | None:
 
 
 @no_type_check
-def call_dequantized(fn: Any, u: Any, rest: Any, elementwise: bool = False) -> Any:
+def call_dequantized(
+    fn: Any, u: Any, rest: Any, elementwise: bool = False, step: Any = None
+) -> Any:
     """`fn(u, *rest)` with each quantised moment of `rest` dequantised, and each
     output `k + 1` quantised again in the format of `rest[k]` where that was
     quantised (the per-leaf loop's convention: outputs after the update are the
@@ -56,12 +58,13 @@ def call_dequantized(fn: Any, u: Any, rest: Any, elementwise: bool = False) -> A
     old one. Through the leaf's shape it decoded the old moment in a kernel of
     its own, which depends on nothing the step computes: a training step ran
     it early and kept every leaf's decoded moment alive through the backward
-    pass (`benchmarks/lowbit_bench.py`, peak bytes)."""
+    pass (`benchmarks/lowbit_bench.py`, peak bytes). `step`: the optimiser's
+    step count, which salts stochastic rounding (`requantize_all`)."""
     if not any(map(is_quantized, rest)):
         return fn(u, *rest)
     block = _block_rows(u, rest) if elementwise else None
     if block is not None:
-        return _call_in_rows(fn, u, rest, block)
+        return _call_in_rows(fn, u, rest, block, step)
     out = fn(u, *(dequantize_all(x, u) for x in rest))
     if not isinstance(out, tuple):
         return out
@@ -71,7 +74,7 @@ def call_dequantized(fn: Any, u: Any, rest: Any, elementwise: bool = False) -> A
         if is_quantized(old)
     ]
     requantized = requantize_all(
-        [old for _, old, _ in pairs], [new for _, _, new in pairs]
+        [old for _, old, _ in pairs], [new for _, _, new in pairs], step
     )
     outputs = list(out[1:])
     for (k, _, _), new in zip(pairs, requantized, strict=True):
@@ -80,7 +83,7 @@ def call_dequantized(fn: Any, u: Any, rest: Any, elementwise: bool = False) -> A
 
 
 @no_type_check
-def _call_in_rows(fn, u, rest, block):
+def _call_in_rows(fn, u, rest, block, step=None):
     """`call_dequantized` of an elementwise `fn` in rows of `block` elements.
 
     The update and the outputs that are not quantised again come back in the
@@ -130,7 +133,7 @@ def _call_in_rows(fn, u, rest, block):
         )
         for index, (k, old) in enumerate(zip(moments, olds, strict=True))
     }
-    new = _quantized_rows(olds, [first[k] for k in moments], cut)
+    new = _quantized_rows(olds, [first[k] for k in moments], cut, step)
     result = [x if x is None else x.reshape(shape) for x in plain]
     for k, moment in zip(moments, new, strict=True):
         result[k] = moment

@@ -1,5 +1,6 @@
 """The maps from normalised values to codes and back: the dynamic, linear and
-zero-free maps, rounding to nearest or stochastically (with a positional dither),
+zero-free maps, rounding to nearest or stochastically (with a dither drawn by
+position),
 and two 4-bit codes to a byte."""
 
 import functools
@@ -144,11 +145,11 @@ def decoding_table(kind: str, bits: int) -> np.ndarray:
 
 
 @no_type_check
-def _encode(y, kind, bits, rounding="nearest", first_row=0):
-    # `first_row`: the index of `y`'s first row among the moment's (stochastic
-    # rounding draws by position).
+def _encode(y, kind, bits, rounding="nearest", first_row=0, salt=None):
+    # `first_row`: the index of `y`'s first row among the moment's, and `salt`
+    # one per row of `y` (stochastic rounding draws by position: `_dither`).
     if rounding == "stochastic":
-        return _encode_stochastic(y, kind, bits, first_row)
+        return _encode_stochastic(y, kind, bits, first_row, salt)
     if kind == "dynamic":
         return _encode_dynamic(y, bits)
     if kind == "linear":
@@ -169,30 +170,60 @@ def _decode(codes, kind, bits, lookup=False):
 
 
 @no_type_check
-def _dither(y, first_row=0):
-    """A uniform number in [0, 1) per element of `y`: a hash of the element's
-    position and float bits (MurmurHash3's 32-bit finaliser), so that rounding
-    needs no key in the state and a restored checkpoint rounds as the
-    uninterrupted run does. A moment changes every step, and so do its
-    numbers; a value that comes back bit for bit (an element without gradient
-    in a block whose scale stays exactly the same) rounds the same way again,
-    which a training step, whose gradients move the scale, rarely repeats.
-    The rows of `y` are the moment's from `first_row` on."""
-    row = jax.lax.broadcasted_iota(jnp.uint32, y.shape, 0) + jnp.uint32(first_row)
-    index = row * jnp.uint32(y.shape[1]) + jax.lax.broadcasted_iota(
-        jnp.uint32, y.shape, 1
-    )
-    h = jax.lax.bitcast_convert_type(y, jnp.uint32) ^ (index * jnp.uint32(0x9E3779B9))
+def _mix(h):
+    """MurmurHash3's 32-bit finaliser: every bit of `h` (uint32) moves every bit out."""
     h = h ^ (h >> 16)
     h = h * jnp.uint32(0x85EBCA6B)
     h = h ^ (h >> 13)
     h = h * jnp.uint32(0xC2B2AE35)
-    h = h ^ (h >> 16)
+    return h ^ (h >> 16)
+
+
+@no_type_check
+def row_salts(scales, kind, step):
+    """The salt of each row of a moment's next quantisation: a hash of the step
+    (`step`, the optimiser's count), the moment's kind, and the row's current
+    scale (its float bits, as stored).
+
+    All three are the same in every program layout (ZeRO-1, a mesh, a
+    checkpoint restored): the step makes each step draw afresh, the scale
+    sets apart the leaves, whose positions all start at zero.
+    """
+    kinds = {"dynamic": 0x68E31DA4, "linear": 0xB5297A4D, "sqrt": 0x1B56C4E9}
+    bits = jax.lax.bitcast_convert_type(jnp.asarray(scales, jnp.float32), jnp.uint32)
+    step = _mix(jnp.asarray(step).astype(jnp.uint32) * jnp.uint32(0x27D4EB2F))
+    return _mix(bits ^ jnp.uint32(kinds[kind]) ^ step)
+
+
+@no_type_check
+def _dither(y, first_row=0, salt=None):
+    """A uniform number in [0, 1) per element of `y` (rows of a moment): a
+    counter-based hash of the element's position in the moment (its index in
+    the flattened array, from row `first_row` on) and of its row's `salt`
+    (`row_salts`, one per row), so that rounding needs no key in the state and
+    a restored checkpoint rounds as the uninterrupted run does.
+
+    Nothing of the value being rounded goes in: two programs that compute the
+    value alike but lay it out otherwise (ZeRO-1 pads and splits the rows over
+    devices) draw the same numbers. A transform that gives no step (`salt`
+    `None`) hashes the value's float bits in place of the salt, as every
+    transform did before (MurmurHash3's finaliser of both): a value that
+    comes back bit for bit rounds the same way again, and a last bit that
+    another layout computes otherwise is a new draw."""
+    row = jax.lax.broadcasted_iota(jnp.uint32, y.shape, 0) + jnp.uint32(first_row)
+    index = row * jnp.uint32(y.shape[1]) + jax.lax.broadcasted_iota(
+        jnp.uint32, y.shape, 1
+    )
+    if salt is None:
+        salt = jax.lax.bitcast_convert_type(y, jnp.uint32)
+    else:
+        salt = jnp.asarray(salt, jnp.uint32).reshape(-1, 1)
+    h = _mix(salt ^ (index * jnp.uint32(0x9E3779B9)))
     return (h >> 8).astype(jnp.float32) * jnp.float32(2.0**-24)
 
 
 @no_type_check
-def _encode_stochastic(y, kind, bits, first_row=0):
+def _encode_stochastic(y, kind, bits, first_row=0, salt=None):
     """Stochastic rounding (Gupta et al.): the code of the map's value just below
     or just above `y`, the upper one with probability (y - below) / (above -
     below), so that the decoded value is `y` on average. Values beyond the
@@ -208,7 +239,7 @@ def _encode_stochastic(y, kind, bits, first_row=0):
         top = levels - 1 if kind == "sqrt" else 2 * levels
         below = jnp.clip(jnp.floor(position), 0.0, top)
         up = (
-            (_dither(y, first_row) < position - below)
+            (_dither(y, first_row, salt) < position - below)
             & (position >= 0.0)
             & (below < top)
         )
@@ -225,7 +256,7 @@ def _encode_stochastic(y, kind, bits, first_row=0):
     high = jnp.where(under, value, other_value)
     # Up with probability (y - low) / (high - low), without a division; never up
     # where the two are one value (at the map's ends).
-    up = _dither(y, first_row) * (high - low) < y - low
+    up = _dither(y, first_row, salt) * (high - low) < y - low
     return jnp.where(up, above, below).astype(jnp.uint8)
 
 

@@ -50,9 +50,11 @@ class Quantized:
     1.3%); on its teacher-student regression (`--regression 5`), 8-bit Adam
     rounded to nearest ends 0.31% below float32's training loss and 0.15%
     above its held-out loss on every seed, rounded stochastically +0.02% and
-    +0.00%. The rounding hashes each value's float bits (no key is stored),
-    so a program that computes a last bit otherwise (sharded, or fused
-    differently) may round an element one step the other way.
+    -0.02%. The rounding draws
+    from a hash of each element's position, the step and the block's stored
+    scale (no key is stored), so a ZeRO-1 plan stores the unsharded codes
+    bit for bit; a transform that gives no step hashes the value's float
+    bits instead.
     `rounding="nearest"` gives bitsandbytes' rounding (and a slightly less
     noisy step). Li et al. prescribe rank-1 normalisation
     for 4-bit second moments (`Quantized(4, normalization="rank1")` as the

@@ -4,6 +4,9 @@
 transforms keep other things per leaf: a scalar (NovoGrad's second moment,
 DoG's distance), or a tuple of vectors (SM3's accumulators). `layerwise` pairs
 each update with whatever subtree each state holds at that leaf's position.
+Both run per layer: on a leaf stacked with `eqx.filter_vmap` the function
+sees one slice, and the state holds one value per slice (stacked on the same
+leading axes).
 """
 
 from collections.abc import Callable
@@ -13,6 +16,8 @@ import jax
 import jax.numpy as jnp
 
 from .._base import Params, Updates, is_none, is_trainable, path_str
+from .._layer_axes import stack_axes
+from .._leafwise import per_slice
 from .._structure import structure_mismatch_message
 
 
@@ -39,11 +44,12 @@ def layerwise(fn: Callable, updates: Updates, *trees: Any, n_out: int) -> Any:
                 )
             ) from None
     outs = []
-    for u, *rest in zip(leaves, *others, strict=True):
+    # A stacked leaf is its layers: `fn` runs on each slice (`per_slice`).
+    for u, stack, *rest in zip(leaves, stack_axes(updates), *others, strict=True):
         if u is None:
             outs.append((None, *rest[: n_out - 1]))
         else:
-            outs.append(fn(u, *rest))
+            outs.append(per_slice(fn, stack)(u, *rest))
     return tuple(
         jax.tree.unflatten(treedef, [o[i] for o in outs]) for i in range(n_out)
     )
@@ -51,7 +57,8 @@ def layerwise(fn: Callable, updates: Updates, *trees: Any, n_out: int) -> Any:
 
 @no_type_check
 def map_trainable(fn: Callable, params: Params) -> Any:
-    """`fn(leaf)` at each trainable leaf of `params`, `None` elsewhere."""
+    """`fn(leaf)` at each trainable leaf of `params`, `None` elsewhere (a state
+    shaped like the params; `eqopt._leafwise.map_layers` for one per layer)."""
     return jax.tree.map(lambda p: fn(p) if is_trainable(p) else None, params)
 
 

@@ -19,13 +19,14 @@ from .._hyper import (
 )
 from .._leafwise import full_like_trainable_real, leafwise
 from .._numerics import abs_squared
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 from .basic import ScaleByLearningRate
 from .decay import AddDecayedWeights
 
 
 @checked
-class ScaleByAdadeltaState(eqx.Module):
+class ScaleByAdadeltaState(eqx.Module, OptaxTuple):
     r"""The state of `eqopt.ScaleByAdadelta`.
 
     `e_g` is $E[g^2]$, the running average of squared gradients, and `e_x` is
@@ -52,6 +53,9 @@ class ScaleByAdadelta(AbstractGradientTransformation):
     a negative scaling (`eqopt.ScaleByLearningRate`) to descend, as
     `eqopt.adadelta` does. The running averages are real, also for complex
     updates.
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
 
     **Arguments:**
 

@@ -11,7 +11,8 @@ from .._base import AbstractGradientTransformation, Params, Updates
 from .._entry import init_entry, update_entry
 from .._hyper import Scalar, ScalarLike, as_scalar, check_decays, check_hyperparameter
 from .._leafwise import full_like_trainable_real, leafwise, zeros_like_trainable
-from .._numerics import abs_squared, debias, safe_int32_increment
+from .._numerics import abs_squared, debias, safe_int32_increment, unfused
+from .._optax_tuple import OptaxTuple
 from .._quantize import (
     MomentDType,
     any_quantized,
@@ -57,7 +58,7 @@ def _check_adam_hyperparameters(module: "ScaleByAdam | ScaleByAmsgrad") -> None:
 
 
 @checked
-class ScaleByAdamState(eqx.Module):
+class ScaleByAdamState(eqx.Module, OptaxTuple):
     """The state of `eqopt.ScaleByAdam`: step count and the two moments."""
 
     count: Int[Array, ""]
@@ -83,6 +84,9 @@ class ScaleByAdam(AbstractGradientTransformation):
     (NAdam). Complex updates use $|g|^2 = g \bar g$, so $v$ is real and is
     stored as a real array (Optax stores it complex with a zero imaginary part;
     the updates are the same).
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
 
     **Arguments:**
 
@@ -153,6 +157,8 @@ class ScaleByAdam(AbstractGradientTransformation):
             self.nu_dtype,
         )
         count = safe_int32_increment(state.count)
+        mu_quantized = is_quantized_format(mu_dtype_field)
+        nu_quantized = is_quantized_format(nu_dtype_field)
         # Scalars computed once per step, not once per leaf.
         one_minus_b1, one_minus_b2 = 1 - b1, 1 - b2
         correction1, correction2 = 1 - b1**count, 1 - b2**count
@@ -169,8 +175,17 @@ class ScaleByAdam(AbstractGradientTransformation):
             # of one shape compile to the same kernel when the hyperparameters
             # are inputs of the program (benchmarks/kernel_count.py); the other
             # order gave the first leaf of each shape a kernel of its own.
-            mu = b1 * mu + one_minus_b1 * g
-            nu = b2 * nu + one_minus_b2 * abs_squared(g)
+            if mu_quantized:
+                # Rounded alike in every program layout (see `unfused`).
+                mu = unfused(b1 * mu, count) + unfused(one_minus_b1 * g, count)
+            else:
+                mu = b1 * mu + one_minus_b1 * g
+            if nu_quantized:
+                nu = unfused(b2 * nu, count) + unfused(
+                    one_minus_b2 * abs_squared(g), count
+                )
+            else:
+                nu = b2 * nu + one_minus_b2 * abs_squared(g)
             if nesterov:
                 scaled = one_minus_b1 * g
                 mu_hat = b1 * (mu / in_dtype(mu.dtype)[2]) + (
@@ -187,7 +202,7 @@ class ScaleByAdam(AbstractGradientTransformation):
             )
 
         updates, mu, nu = leafwise(
-            step, updates, state.mu, state.nu, n_out=3, elementwise=True
+            step, updates, state.mu, state.nu, n_out=3, elementwise=True, step=count
         )
         return updates, ScaleByAdamState(count=count, mu=mu, nu=nu)
 
@@ -216,7 +231,7 @@ def scale_by_adam(
 
 
 @checked
-class ScaleByAmsgradState(eqx.Module):
+class ScaleByAmsgradState(eqx.Module, OptaxTuple):
     """The state of `eqopt.ScaleByAmsgrad`: moments and the running maximum of $\\hat v$."""
 
     count: Int[Array, ""]
@@ -235,6 +250,9 @@ class ScaleByAmsgrad(AbstractGradientTransformation):
     $$
 
     with $\hat m_t, \hat v_t$ the bias-corrected moments of Adam.
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
 
     **Arguments:** as `eqopt.ScaleByAdam` (without `nesterov`), and
 
@@ -323,7 +341,7 @@ def scale_by_amsgrad(
 
 
 @checked
-class ScaleByAdamaxState(eqx.Module):
+class ScaleByAdamaxState(eqx.Module, OptaxTuple):
     """The state of `eqopt.ScaleByAdamax`: first moment and infinity norm."""
 
     count: Int[Array, ""]
@@ -340,6 +358,9 @@ class ScaleByAdamax(AbstractGradientTransformation):
     u^{\infty}_t = \max(\beta_2 u^{\infty}_{t-1}, |g_t| + \epsilon), \qquad
     u_t = \frac{m_t}{(1 - \beta_1^t)\, u^{\infty}_t}
     $$
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
 
     **Arguments:**
 

@@ -20,13 +20,14 @@ from .._hyper import (
 )
 from .._leafwise import full_like_trainable_real, leafwise, zeros_like_trainable
 from .._numerics import abs_squared, debias, safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 from .basic import ScaleByLearningRate
 from .decay import AddDecayedWeights
 
 
 @checked
-class ScaleByAdanState(eqx.Module):
+class ScaleByAdanState(eqx.Module, OptaxTuple):
     """The state of `eqopt.ScaleByAdan` (Optax's field names).
 
     `m`, `v`, `n` are the running averages of the gradient, of the gradient
@@ -67,6 +68,9 @@ class ScaleByAdan(AbstractGradientTransformation):
         them by $\beta_2$ (0.92; see optax pull request #1715). eqopt follows
         the paper. The two agree at the first step and whenever
         $\beta_2 = 0.5$.
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
 
     **Arguments:**
 

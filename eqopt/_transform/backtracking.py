@@ -24,6 +24,7 @@ from .._hyper import (
     as_scalar,
     check_hyperparameter,
 )
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 from ._linesearch_common import (
     _along,
@@ -44,7 +45,7 @@ from ._linesearch_common import (
 
 
 @checked
-class BacktrackingLinesearchInfo(eqx.Module):
+class BacktrackingLinesearchInfo(eqx.Module, OptaxTuple):
     """What the last backtracking line search did, for diagnosis.
 
     - `num_linesearch_steps`: the number of evaluations of the objective.
@@ -57,7 +58,7 @@ class BacktrackingLinesearchInfo(eqx.Module):
 
 
 @checked
-class ScaleByBacktrackingLinesearchState(eqx.Module):
+class ScaleByBacktrackingLinesearchState(eqx.Module, OptaxTuple):
     """The state of `eqopt.ScaleByBacktrackingLinesearch`.
 
     - `learning_rate`: the step size chosen by the last search (the next search
@@ -107,6 +108,8 @@ class ScaleByBacktrackingLinesearch(AbstractGradientTransformation):
     and its gradient at `params`) and `value_fn` (the objective, a function of
     the whole params); other extra arguments that `value_fn` accepts by name are
     passed to it.
+
+    **Global**: one step size over all the leaves, a stacked layer's slices included.
 
     **Arguments:**
 
@@ -201,7 +204,7 @@ class ScaleByBacktrackingLinesearch(AbstractGradientTransformation):
                 return value.reshape(()).astype(real), None, None
 
         guess = jnp.minimum(
-            state.learning_rate.astype(real) * self.increase_factor,
+            jnp.asarray(state.learning_rate, real) * self.increase_factor,
             self.max_learning_rate,
         ).astype(real)
 

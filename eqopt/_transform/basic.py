@@ -41,7 +41,11 @@ from .._typecheck import checked
 
 @checked
 class Identity(AbstractGradientTransformation):
-    """Returns the updates unchanged."""
+    """Returns the updates unchanged.
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
+    """
 
     @property
     def elementwise(self) -> bool:
@@ -73,6 +77,9 @@ class SetToZero(AbstractGradientTransformation):
     """Replaces every update with zeros (of the same shape and dtype).
 
     Used to freeze parameters: see `eqopt.freeze`.
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
     """
 
     @property
@@ -126,6 +133,8 @@ class Stateless(AbstractGradientTransformation):
     activation function, an integer), so an Optax-style
     `jax.tree.map(fn, updates, params)` works on a whole Equinox model.
 
+    **Kind of its parts**: element-wise, global or per layer as what it wraps is.
+
     **Arguments:**
 
     - `f`: the function.
@@ -164,6 +173,9 @@ class StatelessWithTreeMap(AbstractGradientTransformation):
 
     `param` is `None` when `update` is called without params. Leaves whose update
     is `None` are skipped.
+
+    **Per layer**: on a layer stacked with `eqx.filter_vmap` it runs on each slice,
+    batched, as on the list of those layers.
 
     **Arguments:**
 
@@ -233,6 +245,9 @@ class Scale(AbstractGradientTransformation):
 
     $$ u \mapsto \alpha\, u $$
 
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
+
     **Arguments:**
 
     - `step_size`: $\alpha$, a number (a dynamic leaf).
@@ -273,6 +288,9 @@ class ScaleBySchedule(AbstractGradientTransformation):
     r"""Multiplies the updates by a schedule evaluated at the step count.
 
     $$ u_t \mapsto \eta(t)\, u_t $$
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
 
     **Arguments:**
 
@@ -318,6 +336,9 @@ class ScaleByLearningRate(AbstractGradientTransformation):
     without recompiling) or a schedule of the step count, in which case the
     state counts steps.
 
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
+
     **Arguments:**
 
     - `learning_rate`: $\eta$, a number or a schedule. `None` (as in Optax)
@@ -330,9 +351,9 @@ class ScaleByLearningRate(AbstractGradientTransformation):
         default=None, converter=as_optional_scalar_or_schedule
     )
     flip_sign: bool = eqx.field(default=True, static=True)
-    #: Per-leaf multipliers of the rate, set by `eqopt.param_groups` for its call
-    #: (`eqopt._leaf_scales`); `None` otherwise.
-    scales: LeafScales | None = eqx.field(default=None, static=True)
+    #: Per-leaf multipliers of the rate (arrays from the groups' state), set by
+    #: `eqopt.param_groups` for its call (`eqopt._leaf_scales`); `None` otherwise.
+    scales: LeafScales | None = None
 
     @property
     def elementwise(self) -> bool:
@@ -340,7 +361,7 @@ class ScaleByLearningRate(AbstractGradientTransformation):
 
     @property
     def runs_on_buffers(self) -> bool:
-        # Per-leaf multipliers are constants over the segments of a buffer.
+        # Per-leaf multipliers are one value per segment of a buffer.
         return True
 
     def __check_init__(self):

@@ -19,12 +19,13 @@ from .._hyper import (
 )
 from .._leafwise import full_like_trainable_real, leafwise, zeros_like_trainable
 from .._numerics import abs_squared, debias, safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 from .basic import ScaleByLearningRate
 
 
 @checked
-class ScaleByBeliefState(eqx.Module):
+class ScaleByBeliefState(eqx.Module, OptaxTuple):
     """The state of `eqopt.ScaleByBelief`: the step count, $m$ and $s$."""
 
     count: Int[Array, ""]
@@ -52,6 +53,9 @@ class ScaleByBelief(AbstractGradientTransformation):
     With `nesterov=True` the numerator is Dozat's look-ahead
     $\beta_1 m_t / (1 - \beta_1^{t+1}) + (1 - \beta_1) g_t / (1 - \beta_1^t)$.
     For complex updates $s$ is real (the squared modulus of the error).
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
 
     **Arguments:**
 

@@ -105,6 +105,9 @@ class ScaleByParamBlockNorm(_AbstractScaleByParamBlock):
     relative to the size of each parameter block; the floor $m$ lets
     zero-initialised parameters move.
 
+    **Per layer**: on a layer stacked with `eqx.filter_vmap` it runs on each
+    slice, batched, as on the list of those layers.
+
     **Arguments:**
 
     - `min_scale`: the floor $m \ge 0$ of the norm.
@@ -134,6 +137,9 @@ class ScaleByParamBlockRms(_AbstractScaleByParamBlock):
 
     This is Adafactor's relative step size (`multiply_by_parameter_scale`):
     the step of each block is proportional to the scale of its parameters.
+
+    **Per layer**: on a layer stacked with `eqx.filter_vmap` it runs on each
+    slice, batched, as on the list of those layers.
 
     **Arguments:**
 
@@ -168,6 +174,9 @@ class ClipByBlockRms(AbstractGradientTransformation):
 
     This is Adafactor's update clipping: a leaf whose update is small is left
     alone, a large one is rescaled to RMS $d$.
+
+    **Per layer**: on a layer stacked with `eqx.filter_vmap` it runs on each
+    slice, batched, as on the list of those layers.
 
     **Arguments:**
 
@@ -327,6 +336,9 @@ class AdaptiveGradClip(AbstractGradientTransformation):
     norm over the outputs and clips per input. On bare arrays (the dicts of
     params that Optax code passes) the numbers are Optax's.
 
+    **Per layer**: on a layer stacked with `eqx.filter_vmap` it runs on each
+    slice, batched, as on the list of those layers.
+
     **Arguments:**
 
     - `clipping`: $\lambda > 0$, the largest ratio of update norm to weight norm.
@@ -409,6 +421,8 @@ class NormalizeByUpdateNorm(AbstractGradientTransformation):
     the parameters are split into leaves (the transform is elementwise in
     eqopt's sense). Use a negative `scale_factor` to descend without a
     learning rate.
+
+    **Global**: one norm over all the leaves, a stacked layer's slices included.
 
     **Arguments:**
 

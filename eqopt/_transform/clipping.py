@@ -19,6 +19,9 @@ class Clip(AbstractGradientTransformation):
 
     $$ u \mapsto \operatorname{clip}(u, -\delta, \delta) $$
 
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
+
     **Arguments:**
 
     - `max_delta`: $\delta \ge 0$.
@@ -70,6 +73,8 @@ class ClipByGlobalNorm(AbstractGradientTransformation):
     agree to a rounding, and a product by a scalar never makes XLA write the
     clipped gradient to a parameter-sized buffer (a division of every element
     did), which makes a clipped AdamW step about twice as fast on large leaves.
+
+    **Global**: one norm over all the leaves, a stacked layer's slices included.
 
     **Arguments:**
 

@@ -38,6 +38,9 @@ class AddDecayedWeights(AbstractGradientTransformation):
     per-leaf predicate, never a function of the whole params. A mask that
     selects no trainable leaf decays nothing, with a warning at `init`.
 
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
+
     **Arguments:**
 
     - `weight_decay`: $\lambda$, a number or a schedule of the step count (then
@@ -52,9 +55,9 @@ class AddDecayedWeights(AbstractGradientTransformation):
         default=0.0, converter=as_scalar_or_schedule
     )
     mask: FilterSpec | None = None
-    #: Per-leaf multipliers of the decay, set by `eqopt.param_groups` for its
-    #: call (`eqopt._leaf_scales`); `None` otherwise.
-    scales: LeafScales | None = eqx.field(default=None, static=True)
+    #: Per-leaf multipliers of the decay (arrays from the groups' state), set by
+    #: `eqopt.param_groups` for its call (`eqopt._leaf_scales`); `None` otherwise.
+    scales: LeafScales | None = None
 
     def __check_init__(self):
         check_hyperparameter("weight_decay", self.weight_decay)

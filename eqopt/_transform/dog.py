@@ -10,14 +10,15 @@ from jax.typing import DTypeLike
 from .._base import AbstractGradientTransformation, Params, Updates, is_none, path_str
 from .._entry import init_entry, update_entry
 from .._hyper import Scalar, ScalarLike, as_scalar, check_hyperparameter
-from .._leafwise import require_params
+from .._leafwise import map_layers, require_params
 from .._numerics import abs_squared
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 from ._layerwise import layerwise, map_trainable
 
 
 @checked
-class ScaleByDistanceOverGradientsState(eqx.Module):
+class ScaleByDistanceOverGradientsState(eqx.Module, OptaxTuple):
     """The state of `eqopt.ScaleByDistanceOverGradients` (Optax's field names).
 
     Per leaf: `max_dist`, the largest distance $r_t$ from the initial
@@ -63,6 +64,9 @@ class ScaleByDistanceOverGradients(AbstractGradientTransformation):
     transform is not elementwise. The authors recommend averaging the iterates.
     Updates have the shape of their parameter (Optax 0.2.8 returns shape `(1,)`
     for a scalar parameter).
+
+    **Per layer**: on a layer stacked with `eqx.filter_vmap` it runs on each
+    slice, batched, as on the list of those layers.
 
     **Arguments:**
 
@@ -122,7 +126,7 @@ class ScaleByDistanceOverGradients(AbstractGradientTransformation):
             wide = jnp.promote_types(p.dtype, param_dtype)
             return (reps_rel * (1 + _norm(p.astype(wide)))).astype(real_dtype(wide))
 
-        max_dist = map_trainable(start, params)
+        max_dist = map_layers(start, params)
         return ScaleByDistanceOverGradientsState(
             max_dist=max_dist,
             grad_sum_of_squares=jax.tree.map(jnp.zeros_like, max_dist),

@@ -27,7 +27,10 @@ from .._hyper import (
     as_scalar,
     check_hyperparameter,
 )
+from .._layer_axes import stack_axes
+from .._leafwise import per_slice
 from .._numerics import abs_squared, safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._structure import structure_mismatch_message
 from .._typecheck import checked
 from .basic import Scale, ScaleByLearningRate
@@ -70,7 +73,7 @@ def _real_dtype(dtype: Any) -> Any:
 
 
 @checked
-class ScaleByFactoredRmsState(eqx.Module):
+class ScaleByFactoredRmsState(eqx.Module, OptaxTuple):
     """The state of `eqopt.ScaleByFactoredRms`.
 
     For a leaf factored over axes `(a, b)` (`b` the largest), `v_row` is the
@@ -114,6 +117,9 @@ class ScaleByFactoredRms(AbstractGradientTransformation):
     The state holds `None`, not Optax's placeholder arrays of shape `(1,)`, in
     the moments a leaf does not use. The transform reduces over each leaf, so
     it is not elementwise.
+
+    **Per layer**: on a layer stacked with `eqx.filter_vmap` it runs on each
+    slice, batched, as on the list of those layers.
 
     **Arguments:**
 
@@ -180,7 +186,11 @@ class ScaleByFactoredRms(AbstractGradientTransformation):
             )
 
         leaves, treedef = jax.tree.flatten(params, is_leaf=is_none)
-        per_leaf = [moments(p) for p in leaves]
+        # Per layer: a stacked leaf's moments are factored slice by slice.
+        per_leaf = [
+            per_slice(moments, stack)(p) if is_trainable(p) else moments(p)
+            for p, stack in zip(leaves, stack_axes(params), strict=True)
+        ]
         v_row, v_col, v = (
             jax.tree.unflatten(treedef, [m[i] for m in per_leaf]) for i in range(3)
         )
@@ -253,11 +263,12 @@ class ScaleByFactoredRms(AbstractGradientTransformation):
             state_leaves.append(tree_leaves)
         outs = []
         paths = None
+        stacks = stack_axes(updates)
         for index, (g, *moments) in enumerate(zip(leaves, *state_leaves, strict=True)):
             if g is None:
                 outs.append((None, *moments))
                 continue
-            out = step(g, *moments)
+            out = per_slice(step, stacks[index])(g, *moments)
             if out is None:
                 if paths is None:
                     paths = jax.tree_util.tree_flatten_with_path(

@@ -16,6 +16,7 @@ from .._entry import init_entry, update_entry
 from .._hyper import ScalarOrSchedule
 from .._leafwise import zeros_like_trainable
 from .._numerics import safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 from ._linesearch_common import _real_dtype, _real_inner
 from .basic import Identity, Scale, ScaleByLearningRate
@@ -23,7 +24,7 @@ from .linesearch import ScaleByZoomLinesearch
 
 
 @checked
-class ScaleByLBFGSState(eqx.Module):
+class ScaleByLBFGSState(eqx.Module, OptaxTuple):
     """The state of `eqopt.ScaleByLBFGS`.
 
     - `count`: the number of updates made.
@@ -125,6 +126,9 @@ class ScaleByLBFGS(AbstractGradientTransformation):
 
     The output is not negated: chain a negative scaling and a line search after
     it, as `eqopt.lbfgs` does. `update` needs `params`.
+
+    **Global**: one set of inner products over all the leaves, a stacked layer's slices
+    included.
 
     **Arguments:**
 

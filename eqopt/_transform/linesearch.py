@@ -26,6 +26,7 @@ from .._hyper import (
     as_scalar,
     check_hyperparameter,
 )
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 from ._linesearch_common import (
     _check_real_scalar,
@@ -45,7 +46,7 @@ from ._linesearch_common import (
 
 
 @checked
-class ZoomLinesearchInfo(eqx.Module):
+class ZoomLinesearchInfo(eqx.Module, OptaxTuple):
     """What the last zoom line search did, for diagnosis.
 
     - `num_linesearch_steps`: the number of evaluations of the objective.
@@ -61,7 +62,7 @@ class ZoomLinesearchInfo(eqx.Module):
 
 
 @checked
-class ScaleByZoomLinesearchState(eqx.Module):
+class ScaleByZoomLinesearchState(eqx.Module, OptaxTuple):
     """The state of `eqopt.ScaleByZoomLinesearch`.
 
     - `learning_rate`: the step size chosen by the last search (the next
@@ -199,6 +200,8 @@ class ScaleByZoomLinesearch(AbstractGradientTransformation):
     passed to it. The state keeps the value and gradient at the new params, for
     `eqopt.value_and_grad_from_state`.
 
+    **Global**: one step size over all the leaves, a stacked layer's slices included.
+
     **Arguments:**
 
     - `max_linesearch_steps`: the most evaluations of the objective per step.
@@ -313,7 +316,8 @@ class ScaleByZoomLinesearch(AbstractGradientTransformation):
         guess = (
             jnp.ones([], real)
             if self.initial_guess_strategy == "one"
-            else state.learning_rate.astype(real)
+            # (a number a user set with `eqopt.tree.set` is read as well)
+            else jnp.asarray(state.learning_rate, real)
         )
         zero, false = jnp.zeros([], real), jnp.zeros([], bool)
         inf = jnp.full([], jnp.inf, real)

@@ -18,6 +18,7 @@ from .._base import (
 from .._checks import _paths
 from .._entry import init_entry, update_entry
 from .._leafwise import leafwise, require_params
+from .._optax_tuple import OptaxTuple
 from .._structure import structure_mismatch_message
 from .._typecheck import checked
 
@@ -42,6 +43,9 @@ class Centralize(AbstractGradientTransformation):
     centres the weight vector of each output unit, as in the paper.
 
     Per-leaf, so not elementwise.
+
+    **Per layer**: on a layer stacked with `eqx.filter_vmap` it runs on each slice,
+    batched, as on the list of those layers.
 
     **References:** Yong, Huang, Hua & Zhang, *Gradient Centralization: A New
     Optimization Technique for Deep Neural Networks*, ECCV 2020.
@@ -73,7 +77,7 @@ def centralize() -> Centralize:
 
 
 @checked
-class ZeroNansState(eqx.Module):
+class ZeroNansState(eqx.Module, OptaxTuple):
     """The state of `eqopt.ZeroNans`: per leaf, whether the last update had a NaN.
 
     `None` at leaves that are not trainable.
@@ -94,6 +98,9 @@ class ZeroNans(AbstractGradientTransformation):
     The state is only reported, never used.
 
     Not elementwise: the update is, but `found_nan` reduces each leaf.
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
     """
 
     @property
@@ -154,6 +161,9 @@ class KeepParamsNonnegative(AbstractGradientTransformation):
 
     Real parameters only: a complex parameter is an error naming its path
     (Optax compares complex numbers instead).
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
     """
 
     @property

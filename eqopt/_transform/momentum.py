@@ -12,11 +12,12 @@ from .._entry import init_entry, update_entry
 from .._hyper import Scalar, ScalarLike, as_scalar, check_decays, check_hyperparameter
 from .._leafwise import leafwise, zeros_like_trainable
 from .._numerics import debias, safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 
 
 @checked
-class TraceState(eqx.Module):
+class TraceState(eqx.Module, OptaxTuple):
     """The state of `eqopt.Trace`: the momentum buffer."""
 
     trace: Updates
@@ -28,6 +29,9 @@ class Trace(AbstractGradientTransformation):
 
     $$ m_t = g_t + \mu\, m_{t-1}, \qquad
        u_t = \begin{cases} g_t + \mu\, m_t & \text{Nesterov} \\ m_t & \text{otherwise} \end{cases} $$
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
 
     **Arguments:**
 
@@ -86,7 +90,7 @@ def trace(
 
 
 @checked
-class EmaState(eqx.Module):
+class EmaState(eqx.Module, OptaxTuple):
     """The state of `eqopt.Ema`: step count and the moving average."""
 
     count: Int[Array, ""]
@@ -99,6 +103,9 @@ class Ema(AbstractGradientTransformation):
 
     $$ e_t = \beta\, e_{t-1} + (1 - \beta)\, g_t, \qquad
        u_t = \begin{cases} e_t / (1 - \beta^t) & \text{debias} \\ e_t & \text{otherwise} \end{cases} $$
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
 
     **Arguments:**
 

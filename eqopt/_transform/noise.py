@@ -19,6 +19,7 @@ from .._hyper import (
     check_hyperparameter,
 )
 from .._numerics import safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 from .basic import ScaleByLearningRate
 
@@ -48,7 +49,9 @@ def _key_data_and_impl(key: Any) -> tuple[Array | np.ndarray, str | None]:
     if eqx.is_array(key) and key.dtype == jnp.uint32 and key.ndim == 1:
         return key, None
     if eqx.is_array(key) and key.ndim == 0 and jnp.issubdtype(key.dtype, jnp.integer):
-        return _key_data_and_impl(int(key))
+        # A JAX seed may be traced (an integer injected by `inject_hyperparams`).
+        seed = jax.random.key(key) if isinstance(key, jax.Array) else int(key)
+        return _key_data_and_impl(seed)
     raise TypeError(
         "`key` must be a PRNG key (`jax.random.key(seed)`), a raw `uint32` key or an "
         f"integer seed, got {type(key).__name__}."
@@ -56,7 +59,7 @@ def _key_data_and_impl(key: Any) -> tuple[Array | np.ndarray, str | None]:
 
 
 @checked
-class AddNoiseState(eqx.Module):
+class AddNoiseState(eqx.Module, OptaxTuple):
     """The state of `eqopt.AddNoise`: the step count and the raw data of the next key."""
 
     count: Int[Array, ""]
@@ -82,6 +85,9 @@ class AddNoise(AbstractGradientTransformation):
 
     Not elementwise in eqopt's sense: the noise drawn depends on how the
     parameters are split into leaves (its distribution does not).
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
 
     **Arguments:**
 

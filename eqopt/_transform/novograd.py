@@ -21,15 +21,16 @@ from .._hyper import (
     check_hyperparameter,
     is_concrete,
 )
-from .._leafwise import zeros_like_trainable
+from .._leafwise import map_layers, zeros_like_trainable
 from .._numerics import abs_squared, safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
-from ._layerwise import layerwise, map_trainable, real_dtype
+from ._layerwise import layerwise, real_dtype
 from .basic import ScaleByLearningRate
 
 
 @checked
-class ScaleByNovogradState(eqx.Module):
+class ScaleByNovogradState(eqx.Module, OptaxTuple):
     """The state of `eqopt.ScaleByNovograd`.
 
     `mu` is shaped like the params; `nu` holds one real scalar per leaf (the
@@ -68,6 +69,9 @@ class ScaleByNovograd(AbstractGradientTransformation):
     transform is not elementwise. `update` needs `params` when `weight_decay`
     is not zero.
 
+    **Per layer**: on a layer stacked with `eqx.filter_vmap` it runs on each
+    slice, batched, as on the list of those layers.
+
     **Arguments:**
 
     - `b1`: $\beta_1 \in [0, 1)$, the momentum.
@@ -104,7 +108,7 @@ class ScaleByNovograd(AbstractGradientTransformation):
         return ScaleByNovogradState(
             count=jnp.zeros([], jnp.int32),
             mu=zeros_like_trainable(params, self.mu_dtype),
-            nu=map_trainable(lambda p: jnp.zeros([], real_dtype(p)), params),
+            nu=map_layers(lambda p: jnp.zeros([], real_dtype(p)), params),
         )
 
     @update_entry

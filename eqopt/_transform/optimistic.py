@@ -18,6 +18,7 @@ from .._hyper import (
     check_hyperparameter,
 )
 from .._leafwise import leafwise, zeros_like_trainable
+from .._optax_tuple import OptaxTuple
 from .._quantize import MomentDType
 from .._typecheck import checked
 from .adam import ScaleByAdam
@@ -25,7 +26,7 @@ from .basic import Scale, ScaleByLearningRate
 
 
 @checked
-class ScaleByOptimisticGradientState(eqx.Module):
+class ScaleByOptimisticGradientState(eqx.Module, OptaxTuple):
     """The state of `eqopt.ScaleByOptimisticGradient` (Optax's field names).
 
     `previous_gradient` is $g_{t-1}$; `is_initial_step` is true until the first
@@ -47,6 +48,9 @@ class ScaleByOptimisticGradient(AbstractGradientTransformation):
     cycle or diverge in min-max games. $\alpha = \beta = 1$ is the optimistic
     gradient descent of Daskalakis et al.; other values are the generalised
     form analysed by Mokhtari et al. Follow with a negative scaling to descend.
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
 
     **Arguments:**
 

@@ -51,6 +51,8 @@ class ScaleByPolyak(AbstractGradientTransformation):
         updates, state = opt.update(grads, state, model, value=loss)
         ```
 
+    **Global**: one step size over all the leaves, a stacked layer's slices included.
+
     **Arguments:**
 
     - `f_min`: $f^\star$, a lower bound on the objective (0 for models that can

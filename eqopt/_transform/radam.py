@@ -56,6 +56,9 @@ class ScaleByRadam(AbstractGradientTransformation):
         changes $r_t$ by up to about 1% in the first steps after the threshold.
         For a $\beta_2$ with $1 - \beta_2$ a power of two the two agree.
 
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
+
     **Arguments:**
 
     - `b1`, `b2`: the decay rates $\beta_1, \beta_2 \in [0, 1)$.

@@ -12,6 +12,7 @@ from .._entry import init_entry, update_entry
 from .._hyper import Scalar, ScalarLike, as_scalar, check_decays, check_hyperparameter
 from .._leafwise import full_like_trainable_real, leafwise, zeros_like_trainable
 from .._numerics import abs_squared, debias, safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._quantize import MomentDType, any_quantized, moment_like, quantized_on_buffers
 from .._typecheck import checked
 
@@ -32,7 +33,7 @@ def _check_rms_hyperparameters(module: "ScaleByRms | ScaleByStddev") -> None:
 
 
 @checked
-class ScaleByRmsState(eqx.Module):
+class ScaleByRmsState(eqx.Module, OptaxTuple):
     """The state of `eqopt.ScaleByRms`: the step count and $v$, the mean square."""
 
     count: Int[Array, ""]
@@ -57,6 +58,9 @@ class ScaleByRms(AbstractGradientTransformation):
     RMSprop; with `eps_in_sqrt=False, bias_correction=True` and $\rho = \beta_2$
     it equals Adam with $\beta_1 = 0$ without storing a first moment. For
     complex updates $|g|^2 = g \bar g$ and $v$ is stored as a real array.
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
 
     **Arguments:**
 
@@ -149,7 +153,7 @@ def scale_by_rms(
 
 
 @checked
-class ScaleByStddevState(eqx.Module):
+class ScaleByStddevState(eqx.Module, OptaxTuple):
     """The state of `eqopt.ScaleByStddev`: the step count, the mean $m$ and mean square $v$."""
 
     count: Int[Array, ""]
@@ -179,6 +183,9 @@ class ScaleByStddev(AbstractGradientTransformation):
     make the computed difference negative; Optax then returns NaN for those
     elements (or not, depending on how $1 - \rho$ rounds), eqopt returns
     $g_1 / \sqrt{\epsilon}$.
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
 
     **Arguments:**
 
@@ -264,7 +271,7 @@ def scale_by_stddev(
 
 
 @checked
-class ScaleByRssState(eqx.Module):
+class ScaleByRssState(eqx.Module, OptaxTuple):
     """The state of `eqopt.ScaleByRss`: the running sum of squared updates."""
 
     sum_of_squares: Moments
@@ -281,6 +288,9 @@ class ScaleByRss(AbstractGradientTransformation):
 
     Complex updates are supported ($|g|^2 = g \bar g$); $s$ is stored as a real
     array.
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
 
     **Arguments:**
 

@@ -10,13 +10,14 @@ from .._combine import Chain
 from .._entry import init_entry, update_entry
 from .._hyper import Scalar, ScalarLike, as_scalar, check_hyperparameter
 from .._leafwise import leafwise, zeros_like_trainable
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 from ._layerwise import check_real, map_trainable
 from .basic import Scale
 
 
 @checked
-class ScaleByRpropState(eqx.Module):
+class ScaleByRpropState(eqx.Module, OptaxTuple):
     """The state of `eqopt.ScaleByRprop`: each element's step size and last step.
 
     `prev_updates` holds the last step $\\operatorname{sign}(g)\\,\\Delta$ (zero
@@ -55,6 +56,9 @@ class ScaleByRprop(AbstractGradientTransformation):
         returns $u_{t-1}$ (zeroed where $s_t < 0$): its updates lag one step
         behind and its first update is zero (see optax pull request #1725).
         eqopt returns $u_t$. The states of the two agree at every step.
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
 
     **Arguments:**
 

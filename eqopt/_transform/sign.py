@@ -21,6 +21,7 @@ from .._hyper import (
 )
 from .._leafwise import leafwise, zeros_like_trainable
 from .._numerics import safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._quantize import MomentDType, any_quantized, quantized_on_buffers
 from .._typecheck import checked
 from .basic import ScaleByLearningRate
@@ -35,6 +36,9 @@ class ScaleBySign(AbstractGradientTransformation):
     $$ u_t = \operatorname{sign}(g_t) \in \{-1, 0, 1\} $$
 
     For a complex element the sign is its phase, $g / |g|$ (and $0$ at $0$).
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
 
     **References:** Bernstein, Wang, Azizzadenesheli & Anandkumar, *signSGD:
     Compressed Optimisation for Non-Convex Problems*, ICML 2018.
@@ -66,7 +70,7 @@ def scale_by_sign() -> ScaleBySign:
 
 
 @checked
-class ScaleByLionState(eqx.Module):
+class ScaleByLionState(eqx.Module, OptaxTuple):
     """The state of `eqopt.ScaleByLion`: the step count and the momentum $m$."""
 
     count: Int[Array, ""]
@@ -108,6 +112,9 @@ class ScaleByLion(AbstractGradientTransformation):
     keeps the phase and applies $\tanh$ to the modulus,
     $\tanh(\beta_s |c|)\, c / |c|$ (equal to $\tanh(\beta_s c)$ for real $c$);
     Optax applies the complex $\tanh$, which has poles.
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
 
     **Arguments:**
 

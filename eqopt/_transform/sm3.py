@@ -9,11 +9,12 @@ from .._base import AbstractGradientTransformation, Params, Updates
 from .._combine import Chain
 from .._entry import init_entry, update_entry
 from .._hyper import Scalar, ScalarLike, as_scalar, check_decays, check_hyperparameter
-from .._leafwise import zeros_like_trainable
+from .._leafwise import map_layers, zeros_like_trainable
 from .._leaves import InexactTree
 from .._numerics import abs_squared
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
-from ._layerwise import layerwise, map_trainable, real_dtype
+from ._layerwise import layerwise, real_dtype
 from .basic import ScaleByLearningRate
 
 #: Per leaf, a tuple of one vector per axis (empty for a scalar leaf).
@@ -21,7 +22,7 @@ Accumulators = InexactTree
 
 
 @checked
-class ScaleBySM3State(eqx.Module):
+class ScaleBySM3State(eqx.Module, OptaxTuple):
     """The state of `eqopt.ScaleBySM3` (Optax's field names).
 
     `mu` holds, at each leaf of shape $(d_1, \\dots, d_k)$, a tuple of $k$ real
@@ -68,6 +69,9 @@ class ScaleBySM3(AbstractGradientTransformation):
     d_r)$ memory per leaf instead of $O(\prod_r d_r)$; they are per leaf, so the
     transform is not elementwise. Complex updates use $|g|^2$.
 
+    **Per layer**: on a layer stacked with `eqx.filter_vmap` it runs on each
+    slice, batched, as on the list of those layers.
+
     **Arguments:**
 
     - `b1`: $\beta_1 \in [0, 1)$, the momentum of the output.
@@ -94,7 +98,7 @@ class ScaleBySM3(AbstractGradientTransformation):
     @init_entry
     def init(self, params: Params) -> ScaleBySM3State:
         return ScaleBySM3State(
-            mu=map_trainable(_accumulators, params),
+            mu=map_layers(_accumulators, params),
             nu=zeros_like_trainable(params),
         )
 

@@ -41,6 +41,9 @@ class ScaleByTrustRatio(AbstractGradientTransformation):
     a zero-initialised layer, or one with no gradient, is left unscaled. This
     is the layer-wise adaptation of LARS and LAMB.
 
+    **Per layer**: on a layer stacked with `eqx.filter_vmap` it runs on each
+    slice, batched, as on the list of those layers.
+
     **Arguments:**
 
     - `min_norm`: $m \ge 0$, the floor of both norms.

@@ -44,6 +44,9 @@ class ScaleByYogi(AbstractGradientTransformation):
     bias-corrected as in Adam (Optax does the same; the paper does not). The
     state is Adam's; $v$ is real for complex updates.
 
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
+
     **Arguments:**
 
     - `b1`, `b2`: the decay rates $\beta_1, \beta_2 \in [0, 1)$.

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
@@ -161,6 +162,11 @@ def _sort_arguments(
             schedules[name] = value
         elif callable(value):
             schedules[name] = value
+        elif isinstance(value, jax.Array) and jnp.issubdtype(
+            value.dtype, jax.dtypes.prng_key
+        ):
+            # A typed PRNG key is data for the factory, not a number to inject.
+            other_args[name] = value
         elif is_numeric(value):
             if isinstance(value, jax.Array) and not value.weak_type:
                 strong[name] = value.dtype.name

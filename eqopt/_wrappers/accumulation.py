@@ -32,6 +32,7 @@ from .._hyper import (
 from .._interop import as_transform
 from .._leafwise import leafwise, zeros_like_trainable
 from .._numerics import safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 from ._control import cast_like, filter_cond, zeros_like_output
 from .finite import skip_large_updates, skip_not_finite
@@ -52,7 +53,7 @@ class ShouldSkipUpdateFunction(Protocol):
 
 
 @checked
-class MultiStepsState(eqx.Module):
+class MultiStepsState(eqx.Module, OptaxTuple):
     """The state of `eqopt.MultiSteps`.
 
     - `mini_step`: mini-steps accumulated since the last inner update.
@@ -147,6 +148,8 @@ class MultiSteps(AbstractGradientTransformation):
       float64 ones their precision (Optax casts to `accumulator_dtype`);
     - an `every_k_schedule` that is not a positive int or a schedule (a float,
       a bool, a traced value) is an error when the wrapper is built.
+
+    **Kind of its parts**: element-wise, global or per layer as what it wraps is.
 
     **Arguments:**
 
@@ -386,7 +389,7 @@ class MultiSteps(AbstractGradientTransformation):
 
 
 @checked
-class ApplyEveryState(eqx.Module):
+class ApplyEveryState(eqx.Module, OptaxTuple):
     """The state of `eqopt.ApplyEvery`: the step count and the running sum."""
 
     count: Int[Array, ""]
@@ -407,6 +410,8 @@ class ApplyEvery(AbstractGradientTransformation):
 
     In Optax `ApplyEvery` is the name of this transform's state; here it is the
     transform, and the state is `eqopt.ApplyEveryState`.
+
+    **Kind of its parts**: element-wise, global or per layer as what it wraps is.
 
     **Arguments:**
 

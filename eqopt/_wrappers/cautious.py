@@ -10,6 +10,7 @@ from .._base import AbstractGradientTransformation, Params, Updates, is_none
 from .._entry import init_entry, update_entry
 from .._interop import as_transform
 from .._leafwise import leafwise
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 
 Rescale = Literal["leaf", "global", "none"]
@@ -17,7 +18,7 @@ _RESCALES = ("leaf", "global", "none")
 
 
 @checked
-class CautiousState(eqx.Module):
+class CautiousState(eqx.Module, OptaxTuple):
     """The state of `eqopt.Cautious`: the wrapped optimiser's state (no state of its own)."""
 
     inner_state: Any
@@ -85,6 +86,10 @@ class Cautious(AbstractGradientTransformation):
         state = opt.init(model)
         updates, state = opt.update(grads, state, model)
         ```
+
+    **Per layer**: on a layer stacked with `eqx.filter_vmap` it runs on each slice,
+    batched, as on the list of those layers. With `rescale="global"` or `"none"` its
+    kind is its inner optimiser's.
 
     **Arguments:**
 

@@ -11,6 +11,7 @@ from .._base import AbstractGradientTransformation, Params, Updates
 from .._entry import init_entry, update_entry
 from .._interop import as_transform
 from .._numerics import safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 from ._control import cast_like, filter_cond, zeros_like_output
 
@@ -39,7 +40,7 @@ def _conditional_update(
 
 
 @checked
-class ConditionallyTransformState(eqx.Module):
+class ConditionallyTransformState(eqx.Module, OptaxTuple):
     """The state of `eqopt.ConditionallyTransform`: the inner state and the call count."""
 
     inner_state: Any
@@ -59,6 +60,8 @@ class ConditionallyTransform(AbstractGradientTransformation):
 
     The choice is a `lax.cond`, so `inner` runs only when chosen. To return
     zeros instead of the updates, use `eqopt.ConditionallyMask`.
+
+    **Kind of its parts**: element-wise, global or per layer as what it wraps is.
 
     **Arguments:**
 
@@ -145,7 +148,7 @@ def conditionally_transform(
 
 
 @checked
-class ConditionallyMaskState(eqx.Module):
+class ConditionallyMaskState(eqx.Module, OptaxTuple):
     """The state of `eqopt.ConditionallyMask`: the call count and the inner state."""
 
     step: Int[Array, ""]
@@ -165,6 +168,8 @@ class ConditionallyMask(AbstractGradientTransformation):
 
     The choice is a `lax.cond`, so `inner` runs only when chosen. To pass the
     updates through instead of zeros, use `eqopt.ConditionallyTransform`.
+
+    **Kind of its parts**: element-wise, global or per layer as what it wraps is.
 
     **Arguments:**
 

@@ -12,6 +12,7 @@ from .._entry import init_entry, update_entry
 from .._hyper import IntScalar, as_int_scalar, check_hyperparameter
 from .._interop import as_transform
 from .._numerics import abs_squared, safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 from ._control import select, zeros_like_output
 
@@ -28,7 +29,7 @@ def _all_finite(updates: Any) -> Bool[Array, ""]:
 
 
 @checked
-class ApplyIfFiniteState(eqx.Module):
+class ApplyIfFiniteState(eqx.Module, OptaxTuple):
     """The state of `eqopt.ApplyIfFinite` (Optax's fields).
 
     - `notfinite_count`: consecutive steps whose gradients had an Inf or a NaN
@@ -61,6 +62,8 @@ class ApplyIfFinite(AbstractGradientTransformation):
     A skipped step returns zero updates and leaves the inner state unchanged.
     After more than $M$ consecutive bad steps the wrapper gives up and applies
     the update (so that a run that has truly diverged does not stall silently).
+
+    **Kind of its parts**: element-wise, global or per layer as what it wraps is.
 
     **Arguments:**
 

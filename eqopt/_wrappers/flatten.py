@@ -17,6 +17,7 @@ from .._base import (
 from .._checks import check_updates
 from .._entry import init_entry, update_entry
 from .._interop import as_transform
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 
 
@@ -75,7 +76,7 @@ def _unravel(flat: Any, updates: Any, positions: list[int], like: Any) -> Any:
 
 
 @checked
-class FlattenState(eqx.Module):
+class FlattenState(eqx.Module, OptaxTuple):
     """The state of `eqopt.Flatten`: the inner transform's state, for the flat vector."""
 
     inner_state: Any
@@ -107,6 +108,8 @@ class Flatten(AbstractGradientTransformation):
       update is cast back to its own leaf's dtype (the real part for a real
       leaf). To keep low-precision leaves in their own buffers instead, wrap
       each dtype's leaves separately with `eqopt.partition`.
+
+    **Global**: one flat vector over all the leaves, a stacked layer's slices included.
 
     **Arguments:**
 

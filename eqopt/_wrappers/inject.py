@@ -29,6 +29,7 @@ from .._deprecation import deprecated
 from .._entry import init_entry, update_entry
 from .._hyper import Schedule, weakly_typed
 from .._numerics import safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 from ..schedules._stateful import as_stateful, is_stateful_schedule
 from ._arguments import (
@@ -188,7 +189,7 @@ class _AbstractInjectHyperparams(AbstractGradientTransformation):
 
 
 @checked
-class InjectHyperparamsState(eqx.Module):
+class InjectHyperparamsState(eqx.Module, OptaxTuple):
     """The state of `eqopt.InjectHyperparams`.
 
     - `count`: the number of updates so far.
@@ -242,6 +243,8 @@ class InjectHyperparams(_AbstractInjectHyperparams):
         With `bfloat16` params the hyperparameters are rounded to `bfloat16`
         as in Optax: Adam's `b2=0.999` becomes `1.0`, and the update is `nan`.
         Pass `hyperparam_dtype=jnp.float32`.
+
+    **Kind of its parts**: element-wise, global or per layer as what it wraps is.
 
     **Arguments:**
 
@@ -327,7 +330,7 @@ class InjectHyperparams(_AbstractInjectHyperparams):
 
 
 @checked
-class InjectStatefulHyperparamsState(eqx.Module):
+class InjectStatefulHyperparamsState(eqx.Module, OptaxTuple):
     """The state of `eqopt.InjectStatefulHyperparams`.
 
     As `eqopt.InjectHyperparamsState`, with `hyperparams_states`: the state
@@ -361,6 +364,8 @@ class InjectStatefulHyperparams(_AbstractInjectHyperparams):
       step count (an `eqopt.schedules.AbstractSchedule` or any function);
     - a number or array is a numeric hyperparameter;
     - anything else (`None`, a string, a dtype) is passed through unchanged.
+
+    **Kind of its parts**: element-wise, global or per layer as what it wraps is.
 
     **Arguments:** as `eqopt.InjectHyperparams`.
 

@@ -20,12 +20,14 @@ from .._checks import check_updates
 from .._entry import init_entry, update_entry
 from .._hyper import Scalar, ScalarLike, as_scalar, check_hyperparameter, is_concrete
 from .._interop import as_transform
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
+from ..tree._state import _is_placeholder
 from ._control import select
 
 
 @checked
-class LookaheadParams(eqx.Module):
+class LookaheadParams(eqx.Module, OptaxTuple):
     """The fast and slow weights of `eqopt.Lookahead`, as one pytree.
 
     Compute gradients with the fast weights (`params.fast`); evaluate with the
@@ -58,7 +60,7 @@ class LookaheadParams(eqx.Module):
 
 
 @checked
-class LookaheadState(eqx.Module):
+class LookaheadState(eqx.Module, OptaxTuple):
     """The state of `eqopt.Lookahead`.
 
     - `fast_state`: the fast optimiser's state.
@@ -130,6 +132,8 @@ class Lookahead(AbstractGradientTransformation):
     are a `LookaheadParams` of updates for both: apply them unchanged with
     `eqopt.apply_updates(params, updates)` (modifying them would break the sync).
 
+    **Kind of its parts**: element-wise, global or per layer as what it wraps is.
+
     **Arguments:**
 
     - `fast_optimizer`: the inner optimiser run on the fast weights.
@@ -189,9 +193,11 @@ class Lookahead(AbstractGradientTransformation):
 
     @init_entry
     def init(self, params: Params) -> LookaheadState:
-        params = _check_params(params, "init")
+        # `eqopt.tree.map_params` builds the state on a stand-in for the whole
+        # params, which the fast optimiser's state is shaped like.
+        fast = params if _is_placeholder(params) else _check_params(params, "init").fast
         return LookaheadState(
-            fast_state=self.fast_optimizer.init(params.fast),
+            fast_state=self.fast_optimizer.init(fast),
             steps_since_sync=jnp.zeros([], jnp.int32),
         )
 

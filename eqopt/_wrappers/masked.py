@@ -17,6 +17,7 @@ from .._base import (
 from .._entry import init_entry, update_entry
 from .._filters import (
     FilterSpec,
+    as_filter_spec,
     keep_selected,
     merge_selected,
     resolve_filter,
@@ -24,12 +25,13 @@ from .._filters import (
     warn_if_selects_nothing,
 )
 from .._interop import as_transform
+from .._optax_tuple import OptaxTuple
 from .._transform.basic import SetToZero
 from .._typecheck import checked
 
 
 @checked
-class MaskedState(eqx.Module):
+class MaskedState(eqx.Module, OptaxTuple):
     """The state of `eqopt.Masked`: the inner state, for the selected leaves only."""
 
     inner_state: OptState
@@ -52,6 +54,8 @@ class Masked(AbstractGradientTransformation):
     Unlike Optax, a callable mask is a per-leaf predicate, never a function of
     the whole params (Equinox modules are callable pytrees, and guessing which
     a callable is would be ambiguous).
+
+    **Kind of its parts**: element-wise, global or per layer as what it wraps is.
 
     **Arguments:**
 
@@ -76,7 +80,7 @@ class Masked(AbstractGradientTransformation):
 
     def __init__(self, inner: Any, mask: FilterSpec):
         self.inner = as_transform(inner)
-        self.mask = mask
+        self.mask = as_filter_spec(mask)
 
     @property
     def elementwise(self) -> bool:
@@ -159,6 +163,9 @@ class Freeze(AbstractGradientTransformation):
     A mask that selects no trainable leaf freezes nothing, with a warning at
     `init`.
 
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
+
     **Arguments:**
 
     - `mask`: a filter spec of the leaves to freeze (a bool, a per-leaf
@@ -175,7 +182,7 @@ class Freeze(AbstractGradientTransformation):
         ```
     """
 
-    mask: FilterSpec
+    mask: FilterSpec = eqx.field(converter=as_filter_spec)
 
     #: It freezes leaves for the chain around it (see `eqopt.Chain`).
     freezes: ClassVar[bool] = True
@@ -228,6 +235,8 @@ class SelectiveTransform(AbstractGradientTransformation):
 
     Frozen leaves get zero updates and the optimiser keeps no state for them.
 
+    **Kind of its parts**: element-wise, global or per layer as what it wraps is.
+
     **Arguments:**
 
     - `optimizer`: the transform for the trained leaves.
@@ -239,7 +248,7 @@ class SelectiveTransform(AbstractGradientTransformation):
 
     def __init__(self, optimizer: Any, freeze_mask: FilterSpec):
         self.optimizer = as_transform(optimizer)
-        self.freeze_mask = freeze_mask
+        self.freeze_mask = as_filter_spec(freeze_mask)
 
     @property
     def elementwise(self) -> bool:

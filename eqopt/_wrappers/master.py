@@ -14,6 +14,7 @@ from .._interop import as_transform
 from .._leafwise import require_params
 from .._leaves import is_none
 from .._numerics import safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._transform.noise import KeyLike, _key_data_and_impl
 from .._typecheck import checked
 
@@ -92,7 +93,7 @@ def _map_leaves(fn, updates, *trees):
 
 
 @checked
-class StochasticRoundingState(eqx.Module):
+class StochasticRoundingState(eqx.Module, OptaxTuple):
     """The state of `eqopt.StochasticRounding`: the step count and the raw data of the next key."""
 
     count: Int[Array, ""]
@@ -116,6 +117,9 @@ class StochasticRounding(AbstractGradientTransformation):
     split at every step (one key per leaf), so a run is deterministic for a
     given key; it works under `jit` and `vmap` (vmap over keys for independent
     runs).
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
 
     **Arguments:**
 
@@ -192,7 +196,7 @@ def stochastic_rounding(key: KeyLike = 0) -> StochasticRounding:
 
 
 @checked
-class MasterWeightsState(eqx.Module):
+class MasterWeightsState(eqx.Module, OptaxTuple):
     """The state of `eqopt.MasterWeights`.
 
     - `master`: the float32 copy of every low-precision parameter (`None` where
@@ -222,6 +226,8 @@ class MasterWeights(AbstractGradientTransformation):
     Small steps accumulate in the master copy instead of being rounded away.
     Read the master weights as `state.master` (model-shaped). Parameters that
     are float32 already have no copy and get the inner update directly.
+
+    **Kind of its parts**: element-wise, global or per layer as what it wraps is.
 
     **Arguments:**
 

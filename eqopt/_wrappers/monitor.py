@@ -20,6 +20,7 @@ from .._entry import init_entry, update_entry
 from .._hyper import Scalar, ScalarLike, as_scalar, check_decays
 from .._interop import as_transform
 from .._numerics import safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 from ._control import zeros_like_output
 
@@ -62,7 +63,7 @@ def _measure_update(measure, updates, state, params, extra_args) -> tuple[Any, A
 
 
 @checked
-class SnapshotState(eqx.Module):
+class SnapshotState(eqx.Module, OptaxTuple):
     """The state of `eqopt.Snapshot`: `{measure_name: measurement}`."""
 
     measurement: dict[str, PyTree[Any]]
@@ -79,6 +80,8 @@ class Snapshot(AbstractGradientTransformation):
 
     Unlike Optax, whose initial state holds the measure of the params, the
     state starts with zeros shaped like the measurement.
+
+    **Kind of its parts**: element-wise, global or per layer as what it wraps is.
 
     **Arguments:**
 
@@ -132,7 +135,7 @@ def snapshot(measure_name: str, measure: Callable[..., Any]) -> Snapshot:
 
 
 @checked
-class MonitorState(eqx.Module):
+class MonitorState(eqx.Module, OptaxTuple):
     """The state of `eqopt.Monitor`.
 
     - `measurements`: `{name: latest measurement}`, read with
@@ -159,6 +162,8 @@ class Monitor(AbstractGradientTransformation):
     Unlike Optax, whose state starts with no measurement and gains them at the
     first update, the state starts with zeros shaped like each measurement, so
     its structure never changes (it can be carried through `lax.scan`).
+
+    **Kind of its parts**: element-wise, global or per layer as what it wraps is.
 
     **Arguments:**
 
@@ -234,7 +239,7 @@ def monitor(measures: dict[str, Any]) -> Monitor:
 
 
 @checked
-class MeasureWithEmaState(eqx.Module):
+class MeasureWithEmaState(eqx.Module, OptaxTuple):
     """The state of `eqopt.MeasureWithEma`: the step count and the moving average."""
 
     count: Int[Array, ""]
@@ -255,6 +260,9 @@ class MeasureWithEma(AbstractGradientTransformation):
     value of the `measures` dict of `eqopt.monitor`. A boolean or integer
     measurement (`norm > threshold`) is averaged as a float, so the average
     of an indicator is a frequency.
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
 
     **Arguments:**
 

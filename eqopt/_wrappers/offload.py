@@ -120,6 +120,8 @@ class Offload(AbstractGradientTransformation):
     whose devices have `pinned_host` memory (GPU, TPU, CPU); elsewhere `init`
     and `update` raise.
 
+    **Kind of its parts**: element-wise, global or per layer as what it wraps is.
+
     **Arguments:**
 
     - `inner`: the optimiser whose state to keep in host memory (put

@@ -26,6 +26,7 @@ from .._hyper import (
     check_hyperparameter,
 )
 from .._numerics import abs_squared
+from .._optax_tuple import OptaxTuple
 from .._transform.basic import Identity, ScaleByLearningRate
 from .._transform.momentum import Trace
 from .._typecheck import checked
@@ -43,8 +44,10 @@ def _squared_norms(leaf):
 
 @no_type_check
 def _clip_and_sum(leaf, scale):
-    """`sum_b scale_b * leaf_b`, in the leaf's dtype."""
-    scale = scale.reshape((-1,) + (1,) * (leaf.ndim - 1)).astype(leaf.dtype)
+    """`sum_b scale_b * leaf_b`, in the leaf's dtype (an integer leaf's in the
+    scale's: a clipped integer gradient is not a whole number)."""
+    dtype = leaf.dtype if jnp.issubdtype(leaf.dtype, jnp.inexact) else scale.dtype
+    scale = scale.reshape((-1,) + (1,) * (leaf.ndim - 1)).astype(dtype)
     return jnp.sum(leaf * scale, axis=0)
 
 
@@ -167,7 +170,7 @@ def per_example_layer_norm_clip(
 
 
 @checked
-class DifferentiallyPrivateAggregateState(eqx.Module):
+class DifferentiallyPrivateAggregateState(eqx.Module, OptaxTuple):
     """The state of `eqopt.DifferentiallyPrivateAggregate`: the PRNG key for the next step.
 
     - `rng_key`: the key's raw data (`jax.random.key_data`), so that the state
@@ -249,6 +252,9 @@ class DifferentiallyPrivateAggregate(AbstractGradientTransformation):
     Unlike Optax, a key is required: there is no default seed. The state keeps
     the key's raw data so that it serialises (see
     `eqopt.DifferentiallyPrivateAggregateState`).
+
+    **Global**: one clipping norm per example over all the leaves, a stacked layer's
+    slices included.
 
     **Arguments:**
 

@@ -20,6 +20,7 @@ from .._hyper import (
 )
 from .._leafwise import full_like_trainable_real, leafwise, zeros_like_trainable
 from .._numerics import abs_squared, safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
 from .._typecheck import checked
@@ -27,7 +28,7 @@ from ._reductions import cast_to
 
 
 @checked
-class ScaleByAcpropState(eqx.Module):
+class ScaleByAcpropState(eqx.Module, OptaxTuple):
     """The state of `eqopt.contrib.ScaleByAcprop`: the step count, the first
     moment $m$ and the centred second moment $s$."""
 
@@ -53,6 +54,9 @@ class ScaleByAcprop(AbstractGradientTransformation):
     independent of $g_t$ (the asynchronous update); the second moment is
     centred on the momentum, as in AdaBelief. The first step returns the
     gradient unscaled.
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
 
     **Arguments:**
 

@@ -21,9 +21,10 @@ from .._combine import Chain
 from .._entry import init_entry, update_entry
 from .._filters import FilterSpec
 from .._hyper import Scalar, ScalarLike, ScalarOrSchedule, as_scalar, check_decays
-from .._layer_axes import layer_leaves
-from .._leafwise import zeros_like_trainable
+from .._layer_axes import layer_leaves, one_layer, stack_axes
+from .._leafwise import map_layers, per_slice, zeros_like_trainable
 from .._numerics import abs_squared, debias, safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._sharding import gathered
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
@@ -102,8 +103,10 @@ class AdamMiniBlocks:
             if "bias" in path_str(path).lower():
                 return False
             layer = described.get(path)
-            if layer is None:
-                return AdamMiniBlocks.default(leaf)
+            if layer is None or layer.layer is None:
+                # Blocks of one layer: a stacked leaf's slice.
+                stack = 0 if layer is None else layer.stack_axes
+                return AdamMiniBlocks.default(one_layer(leaf, stack))
             if layer.heads is not None:  # queries and keys: one block per head
                 return AdamMiniBlocks(axis=layer.output_axes[0], heads=layer.heads)
             if layer.layer is eqx.nn.Embedding and layer.is_matrix:
@@ -162,7 +165,7 @@ def _broadcast(block_values, blocks, shape):
 
 
 @checked
-class ScaleByAdamMiniState(eqx.Module):
+class ScaleByAdamMiniState(eqx.Module, OptaxTuple):
     """The state of `eqopt.contrib.ScaleByAdamMini`.
 
     - `count`: the number of steps taken.
@@ -226,6 +229,9 @@ class ScaleByAdamMini(AbstractGradientTransformation):
 
     Not elementwise: a block's mean depends on the whole leaf.
 
+    **Per layer**: on a layer stacked with `eqx.filter_vmap` it runs on each
+    slice, batched, as on the list of those layers.
+
     **Arguments:**
 
     - `b1`, `b2`: the decay rates $\beta_1, \beta_2 \in [0, 1)$.
@@ -276,7 +282,8 @@ class ScaleByAdamMini(AbstractGradientTransformation):
                 return jnp.zeros_like(p, dtype=real)
             return jnp.zeros(b.shape(p.shape), real)
 
-        nu = jax.tree.map(zeros, params, blocks, is_leaf=lambda x: x is None)
+        # One second moment per block of each layer (stacked on a stack's axes).
+        nu = map_layers(zeros, params, blocks)
         return ScaleByAdamMiniState(
             count=jnp.zeros([], jnp.int32),
             mu=zeros_like_trainable(params, self.mu_dtype),
@@ -325,9 +332,12 @@ def _blockwise(step, updates, mu, nu, blocks):
     block_leaves = treedef.flatten_up_to(
         jax.tree.map(lambda b: _Leaf(b), blocks, is_leaf=is_leaf)
     )
+    stacks = stack_axes(updates)
     outs = [
-        (None, m, v) if g is None else step(g, m, v, b.value)
-        for g, m, v, b in zip(g_leaves, mu_leaves, nu_leaves, block_leaves, strict=True)
+        (None, m, v) if g is None else per_slice(step, k)(g, m, v, b.value)
+        for g, m, v, b, k in zip(
+            g_leaves, mu_leaves, nu_leaves, block_leaves, stacks, strict=True
+        )
     ]
     return tuple(treedef.unflatten([o[i] for o in outs]) for i in range(3))
 

@@ -26,6 +26,7 @@ from .._hyper import (
 )
 from .._leafwise import full_like_trainable_real, leafwise, zeros_like_trainable
 from .._numerics import abs_squared, safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._quantize import MomentDType, any_quantized, quantized_on_buffers
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
@@ -34,7 +35,7 @@ from ._reductions import cast_to, evaluate
 
 
 @checked
-class ScaleByAdemamixState(eqx.Module):
+class ScaleByAdemamixState(eqx.Module, OptaxTuple):
     """The state of `eqopt.contrib.ScaleByAdemamix`: the step count, the fast
     and slow EMAs $m_1, m_2$ and the second moment $\\nu$."""
 
@@ -60,6 +61,9 @@ class ScaleByAdemamix(AbstractGradientTransformation):
 
     The slow EMA $m_2$ is not bias-corrected. $\beta_3$ and $\alpha$ may be
     schedules of the step count (the paper warms both up).
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
 
     **Arguments:**
 
@@ -211,7 +215,7 @@ def ademamix(
 
 
 @checked
-class ScaleBySimplifiedAdEMAMixState(eqx.Module):
+class ScaleBySimplifiedAdEMAMixState(eqx.Module, OptaxTuple):
     """The state of `eqopt.contrib.ScaleBySimplifiedAdemamix`: the step count,
     the (undamped) momentum $m$ and the second moment $n$."""
 
@@ -239,6 +243,9 @@ class ScaleBySimplifiedAdemamix(AbstractGradientTransformation):
     !!! note "Differences from Optax"
         Complex parameters use $|g|^2$ in $n$, as Adam does; Optax squares the
         complex gradient ($g^2$), so on complex parameters the two differ.
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
 
     **Arguments:**
 

@@ -21,6 +21,7 @@ from .._hyper import (
 )
 from .._leafwise import leafwise, zeros_like_trainable
 from .._numerics import safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._transform.basic import ScaleByLearningRate
 from .._typecheck import checked
 from ._reductions import cast_to, refuse_complex
@@ -32,7 +33,7 @@ def default_clip_value(count: Any) -> Any:
 
 
 @checked
-class ScaleByAdoptState(eqx.Module):
+class ScaleByAdoptState(eqx.Module, OptaxTuple):
     """The state of `eqopt.contrib.ScaleByAdopt`: step count and the two moments."""
 
     count: Int[Array, ""]
@@ -59,6 +60,9 @@ class ScaleByAdopt(AbstractGradientTransformation):
     $t^{1/4}$ by default), no clipping otherwise. Complex parameters are refused
     with a clear error (Optax fails on them too); use
     `eqopt.contrib.split_real_and_imaginary`.
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
 
     **Arguments:**
 

@@ -17,6 +17,7 @@ from .._hyper import (
     check_hyperparameter,
 )
 from .._leafwise import leafwise, zeros_like_trainable
+from .._optax_tuple import OptaxTuple
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
 from .._typecheck import checked
@@ -24,7 +25,7 @@ from ._reductions import copy_trainable, refuse_complex, require_params
 
 
 @checked
-class COCOBState(eqx.Module):
+class COCOBState(eqx.Module, OptaxTuple):
     """The state of `eqopt.contrib.ScaleByCocob`, per coordinate: the initial
     parameters $w_1$, the sum of gradients $\\theta$, the largest gradient seen
     $L$, the sum of absolute gradients $G$ and the reward."""
@@ -59,6 +60,9 @@ class ScaleByCocob(AbstractGradientTransformation):
     gradients with zero); Optax runs on them with JAX's ordering of complex
     numbers. Optimise complex parameters through
     `eqopt.contrib.split_real_and_imaginary`.
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
 
     **Arguments:**
 

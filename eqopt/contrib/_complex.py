@@ -15,6 +15,7 @@ from .._base import (
 )
 from .._entry import init_entry, update_entry
 from .._interop import as_transform
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 
 
@@ -48,7 +49,7 @@ def _merge(tree: Any) -> Any:
 
 
 @checked
-class SplitRealAndImaginaryState(eqx.Module):
+class SplitRealAndImaginaryState(eqx.Module, OptaxTuple):
     """The state of `eqopt.contrib.SplitRealAndImaginary`: the inner state.
 
     The inner state was built for the split params: each complex leaf appears
@@ -70,6 +71,8 @@ class SplitRealAndImaginary(AbstractGradientTransformation):
     Real leaves pass to `inner` unchanged. This makes an optimiser that is
     not written for complex numbers (one that uses $g^2$ rather than
     $|g|^2$, or a per-leaf norm) treat $\mathbb{C}$ as $\mathbb{R}^2$.
+
+    **Kind of its parts**: element-wise, global or per layer as what it wraps is.
 
     **Arguments:**
 

@@ -20,6 +20,7 @@ from .._hyper import (
 )
 from .._leafwise import full_like_trainable_real, leafwise, zeros_like_trainable
 from .._numerics import abs_squared, safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 from ._reductions import (
     cast_to,
@@ -33,7 +34,7 @@ from ._reductions import (
 
 
 @checked
-class DAdaptAdamWState(eqx.Module):
+class DAdaptAdamWState(eqx.Module, OptaxTuple):
     """The state of `eqopt.contrib.DAdaptAdamW`.
 
     `estim_lr` is the current estimate $d_k$; `numerator_weighted` and
@@ -77,6 +78,9 @@ class DAdaptAdamW(AbstractGradientTransformation):
         complex gradient ($g^2$), so on complex parameters the two differ. A
         step whose gradients are all zero leaves $d$ unchanged, where Optax's
         estimate becomes NaN.
+
+    **Global**: one step size estimate over all the leaves, a stacked layer's slices
+    included.
 
     **Arguments:**
 
@@ -157,6 +161,7 @@ class DAdaptAdamW(AbstractGradientTransformation):
             state.exp_avg_sq,
             state.grad_sum,
             n_out=4,
+            per_layer=False,
         )
         total_progress = total(progress)
         numerator = (

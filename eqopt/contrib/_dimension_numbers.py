@@ -10,6 +10,13 @@ Which leaves are treated as matrices is an Equinox filter spec whose leaves may
 also be dimension numbers: a bool, a dimension-numbers object, `None`, a per-leaf
 callable returning one of these, or a prefix pytree of them.
 
+Dimension numbers describe one layer: a leaf stacked with `eqx.filter_vmap`
+(see `eqopt._layer_axes`) is viewed slice by slice (`leafwise` runs the
+transform on each slice), and a predicate in the spec is shown one slice.
+Dimension numbers written for the whole stacked leaf (Optax's way, with the
+stack axes as batch axes) are moved onto the slice when every axis they name
+is behind the stack axes.
+
 What `True` means is the leaf's own orientation: a weight of a known Equinox
 layer (`eqx.nn.Linear.weight` is `(out, in)`) has its input axes as reduction
 axes and its output axes as output axes (`layer_oriented`); any other leaf
@@ -28,7 +35,7 @@ import numpy as np
 
 from .._base import is_none, is_trainable, path_str
 from .._filters import is_spec_leaf
-from .._layer_axes import layer_leaves
+from .._layer_axes import layer_leaves, one_layer, stack_axes_by_path
 
 
 def _axes_tuple(value: Any, name: str, owner: str) -> int | tuple[int, ...]:
@@ -188,6 +195,25 @@ def resolve_dimension_numbers(
     def is_leaf(x):
         return isinstance(x, kind) or is_spec_leaf(x)
 
+    stacks = stack_axes_by_path(tree)
+
+    def on_slice(dims, ndim, stack):
+        # Dimension numbers that name axes beyond one slice were written for the
+        # whole stacked leaf: moved onto the slice when the stack axes are batch axes.
+        named = _named_axes(dims)
+        if stack == 0 or all(-(ndim - stack) <= a < ndim - stack for a in named):
+            return dims
+        if not all(-ndim <= a < ndim for a in named):
+            return dims
+        reduction, output = normalize_axes(ndim, dims)
+        if any(a < stack for a in reduction + output):
+            return dims
+        return dataclasses.replace(
+            dims,
+            reduction_axis=tuple(a - stack for a in reduction),
+            output_axis=tuple(a - stack for a in output),
+        )
+
     def resolve(value, path):
         if value is True or isinstance(value, np.bool_) and value:
             return kind() if default is None else default(path)
@@ -225,13 +251,17 @@ def resolve_dimension_numbers(
             if not is_trainable(leaf):
                 out.append(None)
                 continue
-            chosen = value(leaf) if callable(value) else value
+            stack = stacks.get(full, 0)
+            one = one_layer(leaf, stack)
+            chosen = value(one) if callable(value) else value
             dims = resolve(chosen, full)
+            if isinstance(dims, _AbstractDimensionNumbers) and isinstance(value, kind):
+                dims = on_slice(dims, leaf.ndim, stack)
             if dims is not None and check is not None:
-                check(tuple(leaf.shape), dims, path_str(full))
+                check(tuple(one.shape), dims, path_str(full))
             elif dims is not None:
                 check_dimension_numbers(
-                    tuple(leaf.shape),
+                    tuple(one.shape),
                     dims,
                     owner=owner,
                     path=path_str(full),
@@ -242,6 +272,13 @@ def resolve_dimension_numbers(
             jax.tree.unflatten(jax.tree.structure(subtree, is_leaf=is_none), out)
         )
     return jax.tree.unflatten(spec_def, resolved)
+
+
+def _named_axes(dims: Any) -> tuple[int, ...]:
+    axes = []
+    for value in (dims.reduction_axis, dims.output_axis):
+        axes += [value] if isinstance(value, int) else list(value)
+    return tuple(axes)
 
 
 def selection_spec(spec: Any, kind: type, complement: bool = False) -> Any:

@@ -23,6 +23,7 @@ from .._hyper import (
     check_hyperparameter,
 )
 from .._leafwise import leafwise
+from .._optax_tuple import OptaxTuple
 from .._transform.basic import Identity, ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
 from .._typecheck import checked
@@ -50,7 +51,7 @@ def _scale(updates, step_size):
 
 
 @checked
-class DoGState(eqx.Module):
+class DoGState(eqx.Module, OptaxTuple):
     """The state of `eqopt.contrib.ScaleByDoG`: the initial parameters, the
     largest distance from them $\\bar r_t$ and the sum of squared gradient norms."""
 
@@ -78,6 +79,8 @@ class ScaleByDoG(AbstractGradientTransformation):
 
     The updates are not negated: `eqopt.contrib.dog` follows this with the
     learning rate.
+
+    **Global**: one step size over all the leaves, a stacked layer's slices included.
 
     **Arguments:**
 
@@ -192,7 +195,7 @@ def dog(
 
 
 @checked
-class DoWGState(eqx.Module):
+class DoWGState(eqx.Module, OptaxTuple):
     """The state of `eqopt.contrib.ScaleByDoWG`: the initial parameters, the
     weighted sum of squared gradient norms $v_t$ and the squared distance
     estimate $\\bar r_t^2$."""
@@ -215,6 +218,8 @@ class ScaleByDoWG(AbstractGradientTransformation):
     with $\bar r_0^2$ = `init_estim_sq_dist`, or $\epsilon$ when it is `None`.
     The norms are over the whole model. The updates are not negated:
     `eqopt.contrib.dowg` follows this with the learning rate.
+
+    **Global**: one step size over all the leaves, a stacked layer's slices included.
 
     **Arguments:**
 

@@ -22,7 +22,10 @@ from .._entry import init_entry, update_entry
 from .._filters import FilterSpec
 from .._hyper import Scalar, ScalarLike, ScalarOrSchedule, as_scalar
 from .._interop import as_transform
+from .._layer_axes import stack_axes
+from .._leafwise import per_slice
 from .._numerics import safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._structure import structure_mismatch_message
 from .._transform.adam import ScaleByAdam
 from .._transform.basic import ScaleByLearningRate
@@ -56,7 +59,7 @@ class GaLoreDimensionNumbers(_AbstractDimensionNumbers):
 
 
 @checked
-class GaLoreState(eqx.Module):
+class GaLoreState(eqx.Module, OptaxTuple):
     """The state of `eqopt.contrib.ScaleByGaLore`.
 
     `projector` holds, for each projected leaf, the orthonormal basis $P$ of its
@@ -93,7 +96,11 @@ def _map_pairs(fn, tree, *others):
     the matching subtrees of `others`; returns the two output trees."""
     leaves, treedef = jax.tree.flatten(tree, is_leaf=is_none)
     other_leaves = [treedef.flatten_up_to(other) for other in others]
-    outs = [fn(*args) for args in zip(leaves, *other_leaves, strict=True)]
+    # Per layer: `fn` sees one slice of a stacked leaf (one projector per layer).
+    outs = [
+        per_slice(fn, stack if is_trainable(args[0]) else 0)(*args)
+        for stack, *args in zip(stack_axes(tree), leaves, *other_leaves, strict=True)
+    ]
     return tuple(
         jax.tree.unflatten(treedef, [out[i] for out in outs]) for i in range(2)
     )
@@ -126,6 +133,9 @@ class ScaleByGaLore(AbstractGradientTransformation):
     gradients sharded over explicit mesh axes, the matrix is gathered for the
     decomposition, the projector and the low-rank moments are replicated, and
     the update comes back sharded like the gradient.
+
+    **Per layer**: on a layer stacked with `eqx.filter_vmap` it runs on each
+    slice, batched, as on the list of those layers.
 
     **Arguments:**
 
@@ -269,8 +279,19 @@ class ScaleByGaLore(AbstractGradientTransformation):
             full = (self.scale * _from_matrix(matrix, g.shape, d)).astype(g.dtype)
             return _sharding.like(full, g)
 
-        full = jax.tree.map(
-            project_back, low_rank_updates, projector, updates, dims, is_leaf=is_none
+        flat_updates, treedef = jax.tree.flatten(updates, is_leaf=is_none)
+        full = treedef.unflatten(
+            [
+                per_slice(project_back, stack if u is not None else 0)(u, p, g, d)
+                for u, p, g, d, stack in zip(
+                    treedef.flatten_up_to(low_rank_updates),
+                    treedef.flatten_up_to(projector),
+                    flat_updates,
+                    treedef.flatten_up_to(dims),
+                    stack_axes(updates),
+                    strict=True,
+                )
+            ]
         )
         return full, GaLoreState(
             count=safe_int32_increment(state.count),

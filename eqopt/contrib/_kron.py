@@ -22,7 +22,9 @@ from .._hyper import (
     check_decays,
     check_hyperparameter,
 )
+from .._leafwise import map_layers
 from .._numerics import safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._sharding import gathered, whole
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
@@ -81,7 +83,7 @@ def precond_update_prob_schedule(
 
 
 @checked
-class ScaleByKronState(eqx.Module):
+class ScaleByKronState(eqx.Module, OptaxTuple):
     """The state of `eqopt.contrib.ScaleByKron`.
 
     `key` (raw `uint32` key data, so the state serialises) draws the probes
@@ -275,6 +277,9 @@ class ScaleByKron(AbstractGradientTransformation):
     `memory_save_mode`: `"one_diag"` makes the largest axis of each leaf
     diagonal, `"all_diag"` every axis. A scalar has one scalar factor.
 
+    **Per layer**: on a layer stacked with `eqx.filter_vmap` it runs on each
+    slice, batched, as on the list of those layers.
+
     **Arguments:**
 
     - `b1`: the momentum $\beta_1$ (0: precondition the gradient itself).
@@ -355,7 +360,7 @@ class ScaleByKron(AbstractGradientTransformation):
             key=jax.random.key_data(jax.random.key(self.seed)),
             update_counter=jnp.zeros([], jnp.int32),
             mu=map_params(jnp.zeros_like, params),
-            preconditioner=map_params(factors, params),
+            preconditioner=map_layers(factors, params),
         )
 
     @update_entry

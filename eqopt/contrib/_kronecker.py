@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 
 from .._base import is_none, is_trainable
+from .._layer_axes import stack_axes
+from .._leafwise import per_slice
 from .._sharding import is_explicitly_sharded
 
 
@@ -68,15 +70,18 @@ class LeafGroup:
     once, vmapped over it, so a model with many equal layers compiles one copy
     of that work instead of one per leaf. A row holding an explicitly sharded
     array is a group of its own and is not stacked (stacking would mix
-    shardings).
+    shardings). A leaf stacked with `eqx.filter_vmap` (one stack axis) is a
+    group of its own whose rows are its slices: it is stacked already
+    (`stacked`).
     """
 
     members: tuple[int, ...]
     batched: bool
+    stacked: bool = False
 
     def stack(self, rows: Sequence[Any]) -> Any:
         """The members' rows, stacked (or the row itself, for a sharded one)."""
-        if not self.batched:
+        if not self.batched or self.stacked:
             return rows[self.members[0]]
         return jax.tree.map(lambda *xs: jnp.stack(xs), *[rows[i] for i in self.members])
 
@@ -86,33 +91,44 @@ class LeafGroup:
 
     def unstack(self, stacked: Any, results: list) -> None:
         """Writes each member's slice of `stacked` into `results` at its index."""
-        if not self.batched:
+        if not self.batched or self.stacked:
             results[self.members[0]] = stacked
             return
         for position, index in enumerate(self.members):
             results[index] = jax.tree.map(lambda x, j=position: x[j], stacked)
 
 
-def group_leaves(rows: Sequence[Any]) -> list[LeafGroup]:
-    """The rows grouped by structure, shapes and dtypes (see `LeafGroup`)."""
+def group_leaves(
+    rows: Sequence[Any], stacks: Sequence[int] | None = None
+) -> list[LeafGroup]:
+    """The rows grouped by structure, shapes and dtypes (see `LeafGroup`); a row
+    whose leaf has a stack axis (`stacks`) is a stacked group of its own."""
     groups: dict[Any, list[int]] = {}
     sharded = set()
+    stacked = set()
     for index, row in enumerate(rows):
         arrays, structure = jax.tree.flatten(row)
-        if any(is_explicitly_sharded(x) for x in arrays):
+        if stacks is not None and stacks[index]:
+            key = ("stacked", index)
+            stacked.add(index)
+        elif any(is_explicitly_sharded(x) for x in arrays):
             key = ("alone", index)
             sharded.add(index)
         else:
             key = (structure, tuple((x.shape, x.dtype) for x in arrays))
         groups.setdefault(key, []).append(index)
     return [
-        LeafGroup(tuple(members), batched=members[0] not in sharded)
+        LeafGroup(
+            tuple(members),
+            batched=members[0] not in sharded,
+            stacked=members[0] in stacked,
+        )
         for members in groups.values()
     ]
 
 
 def map_leaves(fn: Callable, updates: Any, *trees: Any, n_out: int) -> tuple:
-    """`fn(update, *parts)` per trainable leaf of `updates`.
+    """`fn(update, *parts)` per trainable leaf of `updates`, per layer.
 
     `trees` are shaped like `updates` up to its leaves and may hold a subtree
     (a tuple of factors) at each; where an update is `None` the outputs are
@@ -121,8 +137,12 @@ def map_leaves(fn: Callable, updates: Any, *trees: Any, n_out: int) -> tuple:
     leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
     parts = [treedef.flatten_up_to(tree) for tree in trees]
     outs = []
-    for u, *rest in zip(leaves, *parts, strict=True):
-        outs.append((None, *rest[: n_out - 1]) if u is None else fn(u, *rest))
+    # Per layer: on a stacked leaf `fn` runs on each slice, its factors stacked.
+    for u, stack, *rest in zip(leaves, stack_axes(updates), *parts, strict=True):
+        if u is None:
+            outs.append((None, *rest[: n_out - 1]))
+        else:
+            outs.append(per_slice(fn, stack)(u, *rest))
     return tuple(
         jax.tree.unflatten(treedef, [out[i] for out in outs]) for i in range(n_out)
     )

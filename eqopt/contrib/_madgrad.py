@@ -20,6 +20,7 @@ from .._hyper import (
 )
 from .._leafwise import leafwise, zeros_like_trainable
 from .._numerics import safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._transform.decay import AddDecayedWeights
 from .._typecheck import checked
 from ._reductions import (
@@ -32,7 +33,7 @@ from ._reductions import (
 
 
 @checked
-class MadgradState(eqx.Module):
+class MadgradState(eqx.Module, OptaxTuple):
     """The state of `eqopt.contrib.ScaleByMadgrad`: the step count, the
     weighted sums of squared gradients $v$ and of gradients $s$, and the initial
     parameters $x_0$."""
@@ -64,6 +65,9 @@ class ScaleByMadgrad(AbstractGradientTransformation):
     descent step: do not negate it. `update` needs the parameters. Complex
     parameters are refused with a clear error (as in Optax, which fails on the
     cube root); use `eqopt.contrib.split_real_and_imaginary`.
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
 
     **Arguments:**
 

@@ -22,6 +22,7 @@ from .._hyper import (
 )
 from .._leafwise import full_like_trainable_real, leafwise, zeros_like_trainable
 from .._numerics import abs_squared, debias, safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
 from .._typecheck import checked
@@ -31,7 +32,7 @@ _PRECONDITIONERS = ("adamw", "lion")
 
 
 @checked
-class ScaleByMarsState(eqx.Module):
+class ScaleByMarsState(eqx.Module, OptaxTuple):
     """The state of `eqopt.contrib.ScaleByMars`.
 
     - `count`: the number of steps taken.
@@ -75,6 +76,9 @@ class ScaleByMars(AbstractGradientTransformation):
     difference). The denominator is $\sqrt{v_t / (1 - \beta_2^t)} +
     \epsilon$: $\epsilon$ is added after the bias correction of $v$, as in the
     authors' code and in Adam.
+
+    **Per layer**: on a layer stacked with `eqx.filter_vmap` it runs on each slice,
+    batched, as on the list of those layers. With `max_norm=None` it is element-wise.
 
     **Arguments:**
 

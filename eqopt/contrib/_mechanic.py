@@ -12,6 +12,7 @@ from .._hyper import Scalar, ScalarLike, as_scalar, check_hyperparameter
 from .._interop import as_transform
 from .._leafwise import leafwise, zeros_like_trainable
 from .._numerics import safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 from ._reductions import (
     cast_to,
@@ -25,7 +26,7 @@ from ._reductions import (
 
 
 @checked
-class MechanicState(eqx.Module):
+class MechanicState(eqx.Module, OptaxTuple):
     """The state of `eqopt.contrib.Mechanize`: the base optimiser's state,
     the sum $\\Delta_t$ of its updates, and Mechanic's per-$\\beta$ statistics
     $r, m, v$ and scales $s$ (each of shape `(num_betas,)`)."""
@@ -70,6 +71,9 @@ class Mechanize(AbstractGradientTransformation):
         recovers $\Delta_t = (x_t - x_0) / S_t$ from the parameters; the maths is
         the same, without the cancellation in $x_t - x_0$ (which loses most of
         $\Delta$ in `bfloat16` while $S$ is small).
+
+    **Global**: one learned scale over all the leaves, a stacked layer's slices
+    included. The base optimiser's own kind is kept.
 
     **Arguments:**
 
@@ -146,10 +150,18 @@ class Mechanize(AbstractGradientTransformation):
         param_norm = jnp.sqrt(tree_squared_norm(trainable_part(params, updates)))
 
         along_grads = total(
-            leafwise(lambda g, d: real_inner(d, g), updates, state.delta)
+            leafwise(
+                lambda g, d: real_inner(d, g), updates, state.delta, per_layer=False
+            )
         )
         along_params = total(
-            leafwise(lambda g, d, p: real_inner(d, p), updates, state.delta, params)
+            leafwise(
+                lambda g, d, p: real_inner(d, p),
+                updates,
+                state.delta,
+                params,
+                per_layer=False,
+            )
         )
         decay = self.weight_decay * total_scale * grad_norm / (param_norm + eps)
         h = along_grads + decay * along_params

@@ -24,6 +24,7 @@ from .._hyper import (
 )
 from .._leafwise import full_like_trainable_real, leafwise, zeros_like_trainable
 from .._numerics import abs_squared, safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 from ._reductions import (
     cast_to,
@@ -59,7 +60,11 @@ def _loss_value(extra_args: dict, owner: str, dtype: Any) -> Array:
 @no_type_check
 def _inner_over_updates(updates, tree, params):
     """$\\sum \\operatorname{Re}\\langle t, x \\rangle$ over the leaves with an update."""
-    return total(leafwise(lambda g, t, p: real_inner(t, p), updates, tree, params))
+    return total(
+        leafwise(
+            lambda g, t, p: real_inner(t, p), updates, tree, params, per_layer=False
+        )
+    )
 
 
 @no_type_check
@@ -71,7 +76,7 @@ def _safe_ratio(numerator, denominator, fallback):
 
 
 @checked
-class MomoState(eqx.Module):
+class MomoState(eqx.Module, OptaxTuple):
     """The state of `eqopt.contrib.Momo`: the momentum $d_k$, the averaged
     loss $\\bar f_k$, the averaged $\\langle g, x\\rangle$ ($\\gamma_k$), the
     lower bound estimate and the step count."""
@@ -109,6 +114,8 @@ class Momo(AbstractGradientTransformation):
     $\bar f_k + \langle d_k, x_k\rangle - \gamma_k - \tfrac12 \tau_k \|d_k\|^2$,
     never below `lower_bound`. The inner products and norms are over the whole
     model. `update` needs the parameters and `value=loss`.
+
+    **Global**: one step size over all the leaves, a stacked layer's slices included.
 
     **Arguments:**
 
@@ -177,7 +184,9 @@ class Momo(AbstractGradientTransformation):
             updates, updates, params
         )
         dot = _inner_over_updates(updates, exp_avg, params)
-        norm = total(leafwise(lambda g, d: real_inner(d, d), updates, exp_avg))
+        norm = total(
+            leafwise(lambda g, d: real_inner(d, d), updates, exp_avg, per_layer=False)
+        )
         decay = 1 + learning_rate * self.weight_decay
         lb = state.lb
         if self.adapt_lower_bound:
@@ -226,7 +235,7 @@ def momo(
 
 
 @checked
-class MomoAdamState(eqx.Module):
+class MomoAdamState(eqx.Module, OptaxTuple):
     """The state of `eqopt.contrib.MomoAdam`: Adam's two moments, the
     averaged loss, the averaged $\\langle g, x\\rangle$, the lower bound
     estimate and the step count."""
@@ -265,6 +274,8 @@ class MomoAdam(AbstractGradientTransformation):
     !!! note "Differences from Optax"
         Complex parameters use $|g|^2$ in $v$, as Adam does; Optax squares the
         complex gradient ($g^2$), so on complex parameters the two differ.
+
+    **Global**: one step size over all the leaves, a stacked layer's slices included.
 
     **Arguments:**
 
@@ -355,6 +366,7 @@ class MomoAdam(AbstractGradientTransformation):
                 updates,
                 exp_avg,
                 exp_avg_sq,
+                per_layer=False,
             )
         )
         decay = 1 + learning_rate * self.weight_decay

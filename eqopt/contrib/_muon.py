@@ -25,6 +25,7 @@ from .._hyper import (
 )
 from .._leafwise import leafwise
 from .._numerics import debias, safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._quantize import MomentDType, cast_moment, moment_like
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
@@ -74,7 +75,7 @@ class MuonDimensionNumbers(_AbstractDimensionNumbers):
 
 
 @checked
-class MuonState(eqx.Module):
+class MuonState(eqx.Module, OptaxTuple):
     """The state of `eqopt.contrib.ScaleByMuon`: the step count and the momentum.
 
     The momentum is `None` at leaves that Muon does not orthogonalise. (Optax's
@@ -134,6 +135,9 @@ class ScaleByMuon(AbstractGradientTransformation):
     predicate) always win. This differs on purpose from Optax, which applies
     its `(in, out)` convention to an `eqx.nn.Linear` weight and so transposes
     its shape factor.
+
+    **Per layer**: on a layer stacked with `eqx.filter_vmap` it runs on each
+    slice, batched, as on the list of those layers.
 
     **Arguments:**
 
@@ -323,6 +327,9 @@ class ScaleByShape(AbstractGradientTransformation):
     Equinox layer a leaf belongs to (an `eqx.nn.Linear(16, 32)` weight, stored
     `(32, 16)`, gets $\sqrt 2$), else from Optax's convention (axis 0 is the
     input); see "Orientation" in `eqopt.contrib.ScaleByMuon`.
+
+    **Per layer**: on a layer stacked with `eqx.filter_vmap` it runs on each
+    slice, batched, as on the list of those layers.
 
     **Arguments:**
 

@@ -22,6 +22,8 @@ class Normalize(AbstractGradientTransformation):
     the adversarial step of SAM (see `eqopt.contrib.sam`). A zero update
     gives NaN, as in Optax.
 
+    **Global**: one norm over all the leaves, a stacked layer's slices included.
+
     **References:** Foret, Kleiner, Mobahi & Neyshabur, *Sharpness-Aware
     Minimization for Efficiently Improving Generalization*, ICLR 2021.
     """

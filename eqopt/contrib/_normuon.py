@@ -23,8 +23,10 @@ from .._hyper import (
     check_decays,
     check_hyperparameter,
 )
-from .._leafwise import leafwise
+from .._layer_axes import stack_axes
+from .._leafwise import leafwise, map_layers, per_slice
 from .._numerics import abs_squared, safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
 from .._typecheck import checked
@@ -50,7 +52,7 @@ def _is_matrix(x: Any) -> bool:
 
 
 @checked
-class NorMuonState(eqx.Module):
+class NorMuonState(eqx.Module, OptaxTuple):
     """The state of `eqopt.contrib.ScaleByNorMuon`.
 
     - `count`: the number of steps taken.
@@ -106,6 +108,9 @@ class ScaleByNorMuon(AbstractGradientTransformation):
     kernel whose neurons are its columns; explicit dimension numbers (e.g.
     `MuonDimensionNumbers(reduction_axis=1, output_axis=0)` for PyTorch-laid
     bare arrays) always win.
+
+    **Per layer**: on a layer stacked with `eqx.filter_vmap` it runs on each
+    slice, batched, as on the list of those layers.
 
     **Arguments:**
 
@@ -188,7 +193,8 @@ class ScaleByNorMuon(AbstractGradientTransformation):
 
         is_none = lambda x: x is None  # noqa: E731
         mu = jax.tree.map(momentum, params, dims, is_leaf=is_none)
-        nu = jax.tree.map(neurons, params, dims, is_leaf=is_none)
+        # One row of neurons per layer: stacked on a stacked leaf's stack axes.
+        nu = map_layers(neurons, params, dims)
         return NorMuonState(count=jnp.zeros([], jnp.int32), mu=mu, nu=nu)
 
     @update_entry
@@ -200,8 +206,8 @@ class ScaleByNorMuon(AbstractGradientTransformation):
         **extra_args: Any,
     ) -> tuple[Updates, NorMuonState]:
         dims = self._dimension_numbers(updates if params is None else params)
-        beta, b2, eps, rms = self.beta, self.b2, self.eps, self.consistent_rms
-        one_minus_beta, one_minus_b2 = 1 - beta, 1 - b2
+        beta, eps = self.beta, self.eps
+        one_minus_beta = 1 - beta
 
         @no_type_check
         def step(g, mu, d):
@@ -228,31 +234,42 @@ class ScaleByNorMuon(AbstractGradientTransformation):
             jax.tree.map(_Boxed, dims, is_leaf=lambda x: x is None)
         )
         outs, nus = [], []
-        for o, nu, d in zip(flat_o, flat_nu, flat_d, strict=True):
+        for o, nu, d, stack in zip(
+            flat_o, flat_nu, flat_d, stack_axes(orthogonal), strict=True
+        ):
             if o is None or d.value is None:
                 outs.append(o)
                 nus.append(nu)
                 continue
-            to_matrix, from_matrix = matrix_view(o.shape, d.value)
-            matrix = to_matrix(o)  # (batch, in, neurons)
-            nu = b2 * nu + one_minus_b2 * jnp.mean(abs_squared(matrix), axis=1)
-            normalised = matrix / (eps + jnp.sqrt(nu))[:, None, :].astype(o.dtype)
-            norms = jnp.sqrt(jnp.sum(abs_squared(normalised), axis=(1, 2)))
-            if rms is None:
-                # The authors' code: the norm of O, times Muon's width factor
-                # sqrt(max(1, neurons / inputs)).
-                fan_in, fan_out = matrix.shape[1], matrix.shape[2]
-                target = jnp.sqrt(jnp.sum(abs_squared(matrix), axis=(1, 2)))
-                target = target * max(1.0, fan_out / fan_in) ** 0.5
-            else:
-                target = rms * jnp.sqrt(matrix.shape[1] * matrix.shape[2])
-            factor = (target / (eps + norms))[:, None, None].astype(o.dtype)
-            outs.append(from_matrix(factor * normalised).astype(o.dtype))
+            # Per layer: each slice of a stacked leaf is normalised alone.
+            o, nu = per_slice(self._normalise, stack)(o, nu, d.value)
+            outs.append(o)
             nus.append(nu)
         updates = o_def.unflatten(outs)
         nu = o_def.unflatten(nus)
         count = safe_int32_increment(state.count)
         return updates, NorMuonState(count=count, mu=mu, nu=nu)
+
+    @no_type_check
+    def _normalise(self, o, nu, d):
+        # NorMuon's second step on one layer's orthogonalised update `o`.
+        b2, eps, rms = self.b2, self.eps, self.consistent_rms
+        one_minus_b2 = 1 - b2
+        to_matrix, from_matrix = matrix_view(o.shape, d)
+        matrix = to_matrix(o)  # (batch, in, neurons)
+        nu = b2 * nu + one_minus_b2 * jnp.mean(abs_squared(matrix), axis=1)
+        normalised = matrix / (eps + jnp.sqrt(nu))[:, None, :].astype(o.dtype)
+        norms = jnp.sqrt(jnp.sum(abs_squared(normalised), axis=(1, 2)))
+        if rms is None:
+            # The authors' code: the norm of O, times Muon's width factor
+            # sqrt(max(1, neurons / inputs)).
+            fan_in, fan_out = matrix.shape[1], matrix.shape[2]
+            target = jnp.sqrt(jnp.sum(abs_squared(matrix), axis=(1, 2)))
+            target = target * max(1.0, fan_out / fan_in) ** 0.5
+        else:
+            target = rms * jnp.sqrt(matrix.shape[1] * matrix.shape[2])
+        factor = (target / (eps + norms))[:, None, None].astype(o.dtype)
+        return from_matrix(factor * normalised).astype(o.dtype), nu
 
 
 class _Boxed(eqx.Module):

@@ -20,12 +20,13 @@ from .._hyper import (
 )
 from .._leafwise import leafwise
 from .._numerics import safe_increment
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 from ..tree._casting import dtype as tree_dtype
 
 
 @checked
-class ReduceLROnPlateauState(eqx.Module):
+class ReduceLROnPlateauState(eqx.Module, OptaxTuple):
     """The state of `eqopt.contrib.ReduceOnPlateau`.
 
     `scale` multiplies the updates; `best_value` is the best (lowest) average
@@ -63,6 +64,8 @@ class ReduceOnPlateau(AbstractGradientTransformation):
 
     and the updates are $u \mapsto s\, u$. Chain it after an optimiser to scale
     its learning rate.
+
+    **Global**: one scale over all the leaves, a stacked layer's slices included.
 
     **Arguments:**
 

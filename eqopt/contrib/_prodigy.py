@@ -21,6 +21,7 @@ from .._hyper import (
 )
 from .._leafwise import full_like_trainable_real, leafwise, zeros_like_trainable
 from .._numerics import abs_squared, safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 from ._reductions import (
     cast_to,
@@ -34,7 +35,7 @@ from ._reductions import (
 
 
 @checked
-class ProdigyState(eqx.Module):
+class ProdigyState(eqx.Module, OptaxTuple):
     """The state of `eqopt.contrib.Prodigy`.
 
     `estim_lr` is the current estimate $d_k$ of the distance to the solution,
@@ -84,6 +85,9 @@ class Prodigy(AbstractGradientTransformation):
         Optax squares the complex gradient ($g^2$), so on complex parameters
         the two differ. A step whose gradients are all zero leaves $d$
         unchanged, where Optax's estimate becomes NaN.
+
+    **Global**: one step size estimate over all the leaves, a stacked layer's slices
+    included.
 
     **Arguments:**
 

@@ -56,19 +56,21 @@ def total(contributions):
 @no_type_check
 def tree_real_inner(updates, other):
     """$\\sum_\\ell \\operatorname{Re}\\langle u_\\ell, o_\\ell\\rangle$ over the leaves with an update."""
-    return total(leafwise(real_inner, updates, other))
+    return total(leafwise(real_inner, updates, other, per_layer=False))
 
 
 @no_type_check
 def tree_squared_norm(updates):
     """$\\sum_\\ell \\|u_\\ell\\|^2$ over the leaves that are not `None`."""
-    return total(leafwise(lambda u: real_inner(u, u), updates))
+    return total(leafwise(lambda u: real_inner(u, u), updates, per_layer=False))
 
 
 @no_type_check
 def tree_abs_sum(updates):
     """$\\sum_\\ell \\|u_\\ell\\|_1$ (moduli for complex leaves)."""
-    return total(leafwise(lambda u: jnp.sum(jnp.abs(_wide(u))), updates))
+    return total(
+        leafwise(lambda u: jnp.sum(jnp.abs(_wide(u))), updates, per_layer=False)
+    )
 
 
 @no_type_check

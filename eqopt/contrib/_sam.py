@@ -20,11 +20,12 @@ from .._base import (
 from .._entry import init_entry, update_entry
 from .._interop import as_transform
 from .._leafwise import require_params
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 
 
 @checked
-class SAMState(eqx.Module):
+class SAMState(eqx.Module, OptaxTuple):
     """The state of `eqopt.contrib.SAM`.
 
     `steps_since_sync` counts the calls since the last outer step; `opt_state`
@@ -88,6 +89,8 @@ class SAM(AbstractGradientTransformation):
 
     Extra keyword arguments (other than `grad_fn`) are forwarded to both
     optimisers (Optax accepts none).
+
+    **Kind of its parts**: element-wise, global or per layer as what it wraps is.
 
     **Arguments:**
 

@@ -31,6 +31,7 @@ from .._hyper import (
 from .._interop import as_transform
 from .._leafwise import leafwise, require_params
 from .._numerics import safe_increment
+from .._optax_tuple import OptaxTuple
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
 from .._transform.rms import ScaleByRms
@@ -40,7 +41,7 @@ from ..tree._casting import dtype as tree_dtype
 
 
 @checked
-class ScheduleFreeState(eqx.Module):
+class ScheduleFreeState(eqx.Module, OptaxTuple):
     r"""The state of `eqopt.contrib.ScheduleFree`.
 
     `z` is the base optimiser's iterate $z_t$ (`None` at leaves that are not
@@ -86,6 +87,8 @@ class ScheduleFree(AbstractGradientTransformation):
     apply it itself (as `eqopt.contrib.schedule_free_adamw` and
     `eqopt.contrib.schedule_free_sgd` do). `update` needs `params` and
     forwards extra arguments to the base optimiser.
+
+    **Kind of its parts**: element-wise, global or per layer as what it wraps is.
 
     **Arguments:**
 

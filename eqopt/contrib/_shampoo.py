@@ -22,8 +22,12 @@ from .._hyper import (
     check_decays,
     check_hyperparameter,
 )
+from .._layer_axes import stack_axes
+from .._leafwise import map_layers
+from .._leaves import InputError, path_str
 from .._linalg import matrix_inverse_pth_root
 from .._numerics import safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._sharding import gathered, like, whole
 from .._transform.basic import ScaleByLearningRate
 from .._typecheck import checked
@@ -35,11 +39,11 @@ _GRAFTINGS = ("sgd", "adagrad", "adam")
 _ROOT_METHODS = ("eigh", "newton")
 #: Per leaf, one stack of `(blocks, b, b)` matrices per (merged) axis; `()` for a
 #: leaf that is not preconditioned.
-BlockFactors = PyTree[Float[Array, "_ _ _"]]
+BlockFactors = PyTree[Float[Array, "... _ _ _"]]  # stacked layers: stack axes first
 
 
 @checked
-class ScaleByShampooState(eqx.Module):
+class ScaleByShampooState(eqx.Module, OptaxTuple):
     """The state of `eqopt.contrib.ScaleByShampoo`.
 
     `graft_nu` (the grafting method's second moment, `None` for SGD grafting),
@@ -130,6 +134,9 @@ class ScaleByShampoo(AbstractGradientTransformation):
     Preconditioned blocks are padded to the block size with zeros: the padded
     rows of a factor hold only $\epsilon_m \beta_2^t$ and, the factor being
     block diagonal, the root of the real part is unchanged.
+
+    **Per layer**: on a layer stacked with `eqx.filter_vmap` it runs on each
+    slice, batched, as on the list of those layers.
 
     **Arguments:**
 
@@ -232,13 +239,13 @@ class ScaleByShampoo(AbstractGradientTransformation):
             graft_nu=graft_nu,
             graft_momentum=map_params(jnp.zeros_like, params),
             momentum=map_params(jnp.zeros_like, params),
-            statistics=map_params(
+            statistics=map_layers(
                 lambda p: factors(
                     p, lambda b, d: self.matrix_epsilon * jnp.eye(b, dtype=d)
                 ),
                 params,
             ),
-            preconditioners=map_params(
+            preconditioners=map_layers(
                 lambda p: factors(p, lambda b, d: jnp.eye(b, dtype=d)), params
             ),
         )
@@ -300,7 +307,10 @@ class ScaleByShampoo(AbstractGradientTransformation):
         # Same-shaped leaves are stacked once and each phase runs once per
         # group, vmapped; the roots of all statistics of one size run as one
         # batch under one `cond`.
-        groups = group_leaves(rows)
+        # A stacked leaf (`eqx.filter_vmap` of a layer) is its layers: a group
+        # whose rows are its slices.
+        stacks = _stack_axes_of(updates, active)
+        groups = group_leaves(rows, stacks)
         stacks = [group.stack(rows) for group in groups]
 
         @no_type_check
@@ -449,6 +459,25 @@ class ScaleByShampoo(AbstractGradientTransformation):
             statistics=statistics,
             preconditioners=preconditioners,
         )
+
+
+def _stack_axes_of(updates: Any, active: list[int]) -> list[int]:
+    """The stack axes of the leaves at `active`; one at most (else an error)."""
+    stacks = stack_axes(updates)
+    paths = None
+    for index in active:
+        if stacks[index] > 1:
+            if paths is None:
+                paths = jax.tree_util.tree_flatten_with_path(updates, is_leaf=is_none)[
+                    0
+                ]
+            raise InputError(
+                f"Shampoo: the leaf at {path_str(paths[index][0])} has "
+                f"{stacks[index]} stack axes; Shampoo runs on one stack axis. Stack "
+                "the layers once (`eqx.filter_vmap` of the layer), or merge the "
+                "stack axes."
+            )
+    return [stacks[index] for index in active]
 
 
 @checked

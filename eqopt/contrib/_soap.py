@@ -20,7 +20,9 @@ from .._hyper import (
     check_decays,
     check_hyperparameter,
 )
+from .._leafwise import map_layers
 from .._numerics import safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._sharding import gathered, whole
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
@@ -28,11 +30,12 @@ from .._typecheck import checked
 from ._kronecker import apply_per_axis, gram, map_leaves, map_params, merge_small_dims
 
 #: Per leaf, one square matrix per (merged) axis, `None` for an axis left alone.
-Factors = PyTree[Float[Array, "_ _"]]  # `None` (an empty subtree) where unused
+# `None` (an empty subtree) where unused; a stacked layer has its stack axes first.
+Factors = PyTree[Float[Array, "... _ _"]]
 
 
 @checked
-class ScaleBySoapState(eqx.Module):
+class ScaleBySoapState(eqx.Module, OptaxTuple):
     """The state of `eqopt.contrib.ScaleBySoap`.
 
     `mu` is kept in the parameters' own basis, `nu` in the rotated one (both
@@ -93,6 +96,9 @@ class ScaleBySoap(AbstractGradientTransformation):
 
     Unlike `pytorch-optimizer`, merging that ends with a single axis keeps it
     (its `merge_small_dims` returns `[1]` for a shape merged into one axis).
+
+    **Per layer**: on a layer stacked with `eqx.filter_vmap` it runs on each
+    slice, batched, as on the list of those layers.
 
     **Arguments:**
 
@@ -171,8 +177,8 @@ class ScaleBySoap(AbstractGradientTransformation):
             count=jnp.zeros([], jnp.int32),
             mu=map_params(jnp.zeros_like, params),
             nu=map_params(jnp.zeros_like, params),
-            statistics=map_params(lambda p: factors(p, zeros), params),
-            eigenbases=map_params(lambda p: factors(p, eye), params),
+            statistics=map_layers(lambda p: factors(p, zeros), params),
+            eigenbases=map_layers(lambda p: factors(p, eye), params),
         )
 
     @update_entry

@@ -34,6 +34,7 @@ from .._hyper import (
 from .._interop import as_transform
 from .._leafwise import leafwise, require_params, zeros_like_trainable
 from .._numerics import debias, safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
 from .._typecheck import checked
@@ -41,7 +42,7 @@ from ..tree._creation import random_like
 
 
 @checked
-class HutchinsonState(eqx.Module):
+class HutchinsonState(eqx.Module, OptaxTuple):
     """The state of `eqopt.contrib.HutchinsonEstimatorDiagHessian`: the random key."""
 
     key: PRNGKeyArray
@@ -65,6 +66,9 @@ class HutchinsonEstimatorDiagHessian(AbstractGradientTransformation):
     params (a whole Equinox model is fine) returning a scalar loss. The key is
     split as Optax splits it, and one subkey per trained leaf in leaf order,
     so the same seed gives the same estimate.
+
+    **Global**: one Hessian-vector product over all the leaves, a stacked layer's slices
+    included.
 
     **Arguments:**
 
@@ -137,7 +141,7 @@ def hutchinson_estimator_diag_hessian(
 
 
 @checked
-class SophiaState(eqx.Module):
+class SophiaState(eqx.Module, OptaxTuple):
     """The state of `eqopt.contrib.ScaleBySophia`: moments and the estimator's state.
 
     `nu` is the exponential average of the Hessian-diagonal estimates.
@@ -168,6 +172,9 @@ class ScaleBySophia(AbstractGradientTransformation):
     the clip bounds the step, so Sophia behaves like sign momentum there.
     Extra arguments of `update` (for the default estimator, `obj_fn=`) are
     passed to `hessian_diagonal_fn`.
+
+    **Element-wise**: each entry's update depends on that entry alone, so a layer
+    stacked with `eqx.filter_vmap` is updated as the list of those layers.
 
     **Arguments:**
 

@@ -57,9 +57,8 @@ def _dice(
     losses = _per_class_dice(probabilities, targets, axis, smooth, alpha, beta)
     if class_weights is not None:
         losses = losses * jnp.broadcast_to(jnp.asarray(class_weights), losses.shape)
-    if ignore_background:
-        if losses.shape[-1] < 2:
-            raise ValueError("`ignore_background=True` needs at least two classes.")
+    if ignore_background and losses.shape[-1] > 1:
+        # A single class is the foreground (a binary segmentation): nothing to drop.
         losses = losses[..., 1:]
     if reduction == "mean":
         return jnp.mean(losses, axis=-1)
@@ -95,7 +94,8 @@ def dice_loss(
     With $\alpha = \beta = \tfrac12$ this is $1 - \frac{2 I_c + 2s}{P_c + T_c +
     2s}$, one minus the soft Dice coefficient; $\alpha$ weighs false positives
     and $\beta$ false negatives. The per-class losses are multiplied by
-    `class_weights`, the first class is dropped if `ignore_background`, and the
+    `class_weights`, the first class is dropped if `ignore_background` (unless it
+    is the only one, as in a binary segmentation), and the
     rest are averaged or summed according to `reduction`.
 
     Probabilities are the softmax of `predictions` over the class axis, or their
@@ -115,7 +115,8 @@ def dice_loss(
     - `beta`: the weight $\beta$ of false negatives.
     - `apply_softmax`: whether to turn `predictions` into probabilities.
     - `reduction`: `"mean"` or `"sum"` over classes, or `"none"`.
-    - `ignore_background`: whether to leave out class 0.
+    - `ignore_background`: whether to leave out class 0 (no effect with a
+      single class).
     - `axis`: the axis or axes to sum over; by default every axis except the
       first (batch) and the last (class).
 

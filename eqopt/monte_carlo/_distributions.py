@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._typecheck import checked
+from ..losses._utils import ShapeMismatchError
 
 
 @checked
@@ -28,8 +29,19 @@ class MultiNormalDiagFromLogScale(eqx.Module):
     Both are stored as JAX arrays (NumPy arrays and Python floats are converted).
     """
 
-    loc: Float[Array, "*#shape"] = eqx.field(converter=jnp.asarray)
-    log_scale: Float[Array, "*#shape"] = eqx.field(converter=jnp.asarray)
+    loc: Float[Array, "..."] = eqx.field(converter=jnp.asarray)
+    log_scale: Float[Array, "..."] = eqx.field(converter=jnp.asarray)
+
+    def __check_init__(self):
+        # Checked here, not by the annotations: shapes that do not broadcast
+        # are a bad value (`ValueError`), as in Optax, and a `TypeError`.
+        try:
+            jnp.broadcast_shapes(self.loc.shape, self.log_scale.shape)
+        except ValueError:
+            raise ShapeMismatchError(
+                "Incompatible shapes for broadcasting: `loc` has shape "
+                f"{self.loc.shape} and `log_scale` {self.log_scale.shape}."
+            ) from None
 
     @property
     def param_shape(self) -> tuple[int, ...]:
@@ -102,7 +114,7 @@ class MultiNormalDiagFromLogScale(eqx.Module):
 
 @checked
 def multi_normal(
-    loc: Float[ArrayLike, "*#shape"], log_scale: Float[ArrayLike, "*#shape"]
+    loc: Float[ArrayLike, "..."], log_scale: Float[ArrayLike, "..."]
 ) -> MultiNormalDiagFromLogScale:
     r"""Builds a diagonal Gaussian from its mean and log standard deviation.
 

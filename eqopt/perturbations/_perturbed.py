@@ -143,6 +143,14 @@ class PerturbedFunction(eqx.Module):
     noise: Any
     use_baseline: bool = eqx.field(static=True)
 
+    # Identity, not value, as for transforms: `jax.jit(perturbed)` (Optax's
+    # idiom) hashes the function, and `sigma` is an array.
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
     def __check_init__(self):
         if self.num_samples < 1:
             raise ValueError(f"`num_samples` must be positive, got {self.num_samples}.")

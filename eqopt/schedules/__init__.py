@@ -7,6 +7,7 @@ defaults returning that class.
 
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
+from .._hyper import Schedule as Schedule
 from ._base import (
     AbstractSchedule as AbstractSchedule,
     ConstantSchedule as ConstantSchedule,
@@ -48,6 +49,7 @@ from ._piecewise import (
 )
 from ._stateful import (
     AbstractStatefulSchedule as AbstractStatefulSchedule,
+    AbstractStatefulSchedule as StatefulSchedule,  # noqa: F401 (Optax's name)
     WrappedSchedule as WrappedSchedule,
 )
 

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Int, PyTree
 
 from .._numerics import safe_int32_increment
+from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 
 
@@ -103,7 +104,7 @@ def is_stateful_schedule(value: Any) -> bool:
 
 
 @checked
-class ScheduleCountState(eqx.Module):
+class ScheduleCountState(eqx.Module, OptaxTuple):
     """The state of a `eqopt.WrappedSchedule`: the step count of a plain schedule."""
 
     count: Int[Array, ""]

@@ -8,6 +8,7 @@ import equinox as eqx
 import jax
 from jaxtyping import PyTree
 
+from .._optax_tuple import not_stored, optax_aliases
 from .._quantize import dequantize_all
 from .._typecheck import checked
 from ._paths import KeyPath, children, is_none, path_str
@@ -36,20 +37,52 @@ class _NoName:
 _NO_NAME = _NoName()
 
 
-def _walk(node: Any, path: KeyPath, last_key: Any):
-    """Yields `(path, node, name_of_last_key)` for every node, parents first."""
-    yield path, node, last_key
+def _walk(node: Any, path: KeyPath, names: tuple[Any, ...]):
+    """Yields `(path, node, names)` for every node, parents first.
+
+    `names` are the names a node is stored under: its field name or dict key,
+    and Optax's names for that field of its parent's class (`count_m2` for
+    AdEMAMix's `count`), so Optax's field names find eqopt's fields.
+    """
+    yield path, node, names
     level = children(node)
     if level is None:
         return
+    aliases = optax_aliases(type(node))
     for key, child in level[0]:
-        yield from _walk(child, (*path, key), _key_name(key))
+        name = _key_name(key)
+        child_names = () if isinstance(name, _NoName) else (name,)
+        child_names += tuple(alias for alias, field in aliases.items() if field == name)
+        yield from _walk(child, (*path, key), child_names)
 
 
-def _matches(key: Any, node: Any, last_name: Any) -> bool:
-    if not isinstance(last_name, _NoName) and _safe_equal(last_name, key):
+def _matches(key: Any, node: Any, names: tuple[Any, ...]) -> bool:
+    if any(_safe_equal(name, key) for name in names):
         return True
     return _is_named_node(node) and type(node).__name__ == key
+
+
+def _names_in(tree: Any) -> list[str]:
+    """Every field name and string dict key of a pytree, sorted."""
+    found = {
+        name
+        for _, _, names in _walk(tree, (), ())
+        for name in names
+        if isinstance(name, str)
+    }
+    return sorted(found)
+
+
+def _not_stored_note(tree: Any, key: Any) -> str | None:
+    """Why eqopt keeps no value under Optax's field name `key`, if it is one."""
+    for _, node, _ in _walk(tree, (), ()):
+        reason = not_stored(type(node)).get(key) if isinstance(key, str) else None
+        if reason is not None:
+            return (
+                f"{type(node).__name__} has no field {key!r} ({reason}); the "
+                f"names in the tree are {_names_in(tree)}."
+            )
+    return None
 
 
 def _safe_equal(a: Any, b: Any) -> bool:
@@ -66,8 +99,9 @@ def get_all_with_path(
     """Finds every value of a pytree stored under a given field name or key.
 
     A node matches when it is stored under `key` (the name of a field of an
-    `eqx.Module` or NamedTuple, or a dict key), or when it is an `eqx.Module` or
-    NamedTuple whose class is named `key`. The search goes through every level,
+    `eqx.Module` or NamedTuple, or a dict key, or Optax's name for that field
+    where eqopt's state names it otherwise, such as AdEMAMix's `count_m2`), or
+    when it is an `eqx.Module` or NamedTuple whose class is named `key`. The search goes through every level,
     so it finds e.g. the `learning_rate` in the `hyperparams` dict of an
     injected-hyperparameters state, or the `mu` of an Adam state inside a chain.
 
@@ -94,9 +128,8 @@ def get_all_with_path(
     """
     return [
         (path, node)
-        for path, node, last_name in _walk(tree, (), _NO_NAME)
-        if _matches(key, node, last_name)
-        and (filtering is None or filtering(path, node))
+        for path, node, names in _walk(tree, (), ())
+        if _matches(key, node, names) and (filtering is None or filtering(path, node))
     ]
 
 
@@ -119,7 +152,9 @@ def get(
     **Returns:** the matching value; a quantised moment
     (`eqopt.QuantizedArray`) in it comes back dequantised, as an array.
 
-    **Raises:** `KeyError` naming the paths found if several values match.
+    **Raises:** `KeyError` naming the paths found if several values match, or
+    if `key` is a field of Optax's state that eqopt's state does not keep
+    (`ns_coeffs` of Muon's), with the reason and the names the tree has.
 
     !!! example
 
@@ -134,6 +169,9 @@ def get(
     if len(found) == 1:
         return dequantize_all(found[0][1])
     if not found:
+        note = _not_stored_note(tree, key)
+        if note is not None:
+            raise KeyError(f"get: {note}")
         return default
     paths = ", ".join(path_str(path) for path, _ in found)
     raise KeyError(
@@ -178,7 +216,8 @@ def set(tree: PyTree, filtering: Filtering | None = None, /, **kwargs: Any) -> P
 
     **Returns:** the new pytree; `tree` itself is not modified.
 
-    **Raises:** `KeyError` if some name matches nothing.
+    **Raises:** `KeyError` if some name matches nothing, listing the names the
+    tree has.
 
     !!! example
 
@@ -191,8 +230,13 @@ def set(tree: PyTree, filtering: Filtering | None = None, /, **kwargs: Any) -> P
     for key, value in kwargs.items():
         found = get_all_with_path(tree, key, filtering)
         if not found:
+            note = _not_stored_note(tree, key)
             raise KeyError(
-                f"set: found no value under {key!r}" + _filter_note(filtering) + "."
+                f"set: {note}"
+                if note is not None
+                else f"set: found no value under {key!r}"
+                + _filter_note(filtering)
+                + f"; the names in the tree are {_names_in(tree)}."
             )
         for path, _ in found:
             replacements[path] = value
