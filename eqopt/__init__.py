@@ -54,6 +54,7 @@ if _TYPE_CHECKING:
     )
     from ._base import (
         AbstractGradientTransformation as AbstractGradientTransformation,
+        AbstractWrapper as AbstractWrapper,
         EmptyState as AdaptiveGradClipState,  # noqa: F401 (Optax's name)
         EmptyState as AddDecayedWeightsState,  # noqa: F401
         EmptyState as ClipByGlobalNormState,  # noqa: F401

@@ -210,6 +210,51 @@ class AbstractGradientTransformation(eqx.Module):
         return pretty(self)
 
 
+class AbstractWrapper(AbstractGradientTransformation):
+    """A transform around one inner transform, with the inner one's capabilities.
+
+    Every capability (`elementwise`, `runs_on_buffers`, `params_like_updates`,
+    `per_example_updates`, `advises_bucketing`, `freezes`, `frozen_selection`)
+    is the inner transform's unless the wrapper overrides it, so a `freeze` or a
+    per-example aggregation inside any wrapper is seen by the chain around it as
+    it is bare. A wrapper overrides only what it changes (a mask by leaf is not
+    elementwise, `eqopt.lookahead`'s params are pairs). `handles_packed` is not
+    forwarded: it says what the wrapper's own `init`/`update` accept.
+
+    Subclasses provide `inner`, as a field or a property.
+    """
+
+    inner: eqx.AbstractVar[AbstractGradientTransformation]
+
+    @property
+    def elementwise(self) -> bool:
+        return self.inner.elementwise
+
+    @property
+    def runs_on_buffers(self) -> bool:
+        return self.inner.runs_on_buffers
+
+    @property
+    def params_like_updates(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
+        return self.inner.params_like_updates
+
+    @property
+    def per_example_updates(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
+        return self.inner.per_example_updates
+
+    @property
+    def advises_bucketing(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
+        return self.inner.advises_bucketing
+
+    @property
+    def freezes(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
+        return self.inner.freezes
+
+    def frozen_selection(self, tree: Any) -> Any | None:
+        """The leaves the inner transform freezes (see `eqopt.Freeze`), or `None`."""
+        return self.inner.frozen_selection(tree)
+
+
 class _EmptyStateMeta(type(eqx.Module)):
     # Optax's `EmptyState()` is an empty tuple, and a checkpoint restored without
     # a target may give `{}` or `None` for it: all are the state of a stateless

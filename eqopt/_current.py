@@ -129,7 +129,7 @@ def _collect_groups(
     # The optimiser's own hyperparameters, then each group's (each group and
     # layer's) learning rate and weight decay: the optimiser's times the
     # multipliers, under one name each (`"head.learning_rate"`).
-    inner = transform.inner(state)
+    inner = transform.running(state)
     _collect(inner, state.inner, path, found)
     if isinstance(inner, Partition):
         branches = {

@@ -45,6 +45,7 @@ EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "._base": (
         "AbstractGradientTransformation",
+        "AbstractWrapper",
         "EmptyState",
         "GradientTransformation",
         "GradientTransformationExtraArgs",

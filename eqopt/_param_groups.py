@@ -17,7 +17,13 @@ from typing import Any, NamedTuple
 import equinox as eqx
 import jax
 
-from ._base import AbstractGradientTransformation, OptState, Params, Updates
+from ._base import (
+    AbstractGradientTransformation,
+    AbstractWrapper,
+    OptState,
+    Params,
+    Updates,
+)
 from ._combine import Partition
 from ._entry import init_entry, update_entry
 from ._groups import DEFAULT, Group, LayerDecay
@@ -147,7 +153,7 @@ class ParamGroupsState(eqx.Module):
 
 
 @checked
-class ParamGroups(AbstractGradientTransformation):
+class ParamGroups(AbstractWrapper):
     """An optimiser with parameter groups: multipliers and overrides by path or layer type.
 
     Made by `eqopt.param_groups`, whose docstring says it all.
@@ -246,11 +252,8 @@ class ParamGroups(AbstractGradientTransformation):
         return not self.branches
 
     @property
-    def freezes(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
-        return self.optimiser.freezes
-
-    def frozen_selection(self, tree: Any) -> Any | None:
-        return self.optimiser.frozen_selection(tree)
+    def inner(self) -> AbstractGradientTransformation:  # pyright: ignore[reportIncompatibleVariableOverride]
+        return self.optimiser
 
     def _label(self, name: str) -> str:
         return name if name in self.branches else DEFAULT
@@ -298,7 +301,7 @@ class ParamGroups(AbstractGradientTransformation):
             for factors in self.multipliers(assignment)
         )
 
-    def inner(self, state: ParamGroupsState) -> AbstractGradientTransformation:
+    def running(self, state: ParamGroupsState) -> AbstractGradientTransformation:
         """The transform that runs: the optimiser (or the partition of its branches)
         with each leaf's multipliers, read from `state`."""
         assignment, lr, wd = state.assignment, state.lr_scales, state.wd_scales
@@ -344,7 +347,7 @@ class ParamGroups(AbstractGradientTransformation):
         params: Params | None = None,
         **extra_args: Any,
     ) -> tuple[Updates, ParamGroupsState]:
-        new_updates, inner_state = self.inner(state).update(
+        new_updates, inner_state = self.running(state).update(
             updates, state.inner, params, **extra_args
         )
         return new_updates, dataclasses.replace(state, inner=inner_state)

@@ -38,3 +38,25 @@ def pytest_runtest_logreport(report):
 def pytest_sessionfinish(session):
     if not hasattr(session.config, "workerinput"):
         _oracles.write_oracle_skips(_oracle_skips)
+
+
+# Every executable XLA's CPU backend compiles holds about 14 memory mappings for as
+# long as JAX caches it, and a process may hold at most `vm.max_map_count` (65530
+# by default) of them. A test worker compiles thousands of programs over the suite;
+# past that limit the next compilation's `mmap` fails and XLA's compiler crashes
+# the worker (seen twice in CI, in tests/test_train_state.py, late in the run).
+# Clearing JAX's caches when a worker nears the limit keeps it well below.
+_MAPPINGS_LIMIT = 24_000
+
+
+def _mappings() -> int:
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            return maps.read().count(b"\n")
+    except OSError:  # not Linux: no such limit to guard
+        return 0
+
+
+def pytest_runtest_teardown(item, nextitem):
+    if _mappings() > _MAPPINGS_LIMIT:
+        jax.clear_caches()

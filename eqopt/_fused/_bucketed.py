@@ -1,6 +1,6 @@
 """Bucketed optimiser state: the params stay as they are, the state lives in a few buffers."""
 
-from typing import Any, ClassVar, cast
+from typing import Any, cast
 
 import equinox as eqx
 import jax
@@ -8,6 +8,7 @@ import jax.numpy as jnp
 
 from .._base import (
     AbstractGradientTransformation,
+    AbstractWrapper,
     OptState,
     Params,
     Updates,
@@ -57,7 +58,7 @@ class BucketedState(eqx.Module, OptaxTuple):
 
 
 @checked
-class Bucketed(AbstractGradientTransformation):
+class Bucketed(AbstractWrapper):
     r"""Keeps the state of an elementwise transform in one flat buffer per dtype.
 
     The params and updates that the user sees are unchanged: at each step the
@@ -105,14 +106,18 @@ class Bucketed(AbstractGradientTransformation):
     always: bool = eqx.field(static=True)
 
     # Bucketing is the advice; a bucketed optimiser needs none.
-    advises_bucketing: ClassVar[bool] = False
+    @property
+    def advises_bucketing(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
+        return False
 
     def __init__(self, inner: Any, always: bool = False):
         self.inner = as_transform(inner)
         self.always = always
 
     @property
-    def elementwise(self) -> bool:
+    def runs_on_buffers(self) -> bool:
+        # It buckets the inner transform's buffers; around it, only an
+        # elementwise inner transform runs on the outer buffers as they are.
         return self.inner.elementwise
 
     @init_entry

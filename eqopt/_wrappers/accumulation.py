@@ -15,6 +15,7 @@ from jaxtyping import Array, Bool, Int, PyTree
 from .. import _sharding
 from .._base import (
     AbstractGradientTransformation,
+    AbstractWrapper,
     OptState,
     Params,
     Updates,
@@ -116,7 +117,7 @@ def _concat_invariant(should_skip_update_fn) -> bool:
 
 
 @checked
-class MultiSteps(AbstractGradientTransformation):
+class MultiSteps(AbstractWrapper):
     r"""Accumulates gradients over $k$ mini-steps, then applies the wrapped optimiser once.
 
     With mini-batch gradients $g_1, \dots, g_k$,
@@ -209,6 +210,10 @@ class MultiSteps(AbstractGradientTransformation):
     def every_k_schedule(self) -> int | Schedule:
         """$k$ as it was given: an int or a schedule."""
         return self.every_k if self.schedule is None else self.schedule  # pyright: ignore[reportReturnType]
+
+    @property
+    def inner(self) -> AbstractGradientTransformation:  # pyright: ignore[reportIncompatibleVariableOverride]
+        return self.opt
 
     @property
     def elementwise(self) -> bool:

@@ -6,7 +6,13 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._base import AbstractGradientTransformation, Params, Updates, is_none
+from .._base import (
+    AbstractGradientTransformation,
+    AbstractWrapper,
+    Params,
+    Updates,
+    is_none,
+)
 from .._entry import init_entry, update_entry
 from .._interop import as_transform
 from .._leafwise import leafwise
@@ -36,7 +42,7 @@ def _agrees(u, g, descent):
 
 
 @checked
-class Cautious(AbstractGradientTransformation):
+class Cautious(AbstractWrapper):
     r"""Applies an optimiser's update only where it agrees in sign with the gradient.
 
     With $u_t$ the wrapped optimiser's step direction and $g_t$ the gradient,

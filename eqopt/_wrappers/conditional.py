@@ -7,7 +7,7 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from .._base import AbstractGradientTransformation, Params, Updates
+from .._base import AbstractGradientTransformation, AbstractWrapper, Params, Updates
 from .._entry import init_entry, update_entry
 from .._interop import as_transform
 from .._numerics import safe_int32_increment
@@ -48,7 +48,7 @@ class ConditionallyTransformState(eqx.Module, OptaxTuple):
 
 
 @checked
-class ConditionallyTransform(AbstractGradientTransformation):
+class ConditionallyTransform(AbstractWrapper):
     r"""Applies `inner` at the steps chosen by `should_transform_fn`; passes updates through otherwise.
 
     With $t$ the number of earlier calls to `update`,
@@ -101,14 +101,6 @@ class ConditionallyTransform(AbstractGradientTransformation):
         self.should_transform_fn = should_transform_fn
         self.forward_extra_args = forward_extra_args
 
-    @property
-    def elementwise(self) -> bool:
-        return self.inner.elementwise
-
-    @property
-    def runs_on_buffers(self) -> bool:
-        return self.inner.runs_on_buffers
-
     @init_entry
     def init(self, params: Params) -> ConditionallyTransformState:
         return ConditionallyTransformState(
@@ -156,7 +148,7 @@ class ConditionallyMaskState(eqx.Module, OptaxTuple):
 
 
 @checked
-class ConditionallyMask(AbstractGradientTransformation):
+class ConditionallyMask(AbstractWrapper):
     r"""Applies `inner` at the steps chosen by `should_transform_fn`; returns zeros otherwise.
 
     With $t$ the number of earlier calls to `update`,
@@ -193,14 +185,6 @@ class ConditionallyMask(AbstractGradientTransformation):
         self.inner = as_transform(inner)
         self.should_transform_fn = should_transform_fn
         self.forward_extra_args = forward_extra_args
-
-    @property
-    def elementwise(self) -> bool:
-        return self.inner.elementwise
-
-    @property
-    def runs_on_buffers(self) -> bool:
-        return self.inner.runs_on_buffers
 
     @init_entry
     def init(self, params: Params) -> ConditionallyMaskState:

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Int, PyTree, Real
 
-from .._base import AbstractGradientTransformation, Params, Updates
+from .._base import AbstractGradientTransformation, AbstractWrapper, Params, Updates
 from .._entry import init_entry, update_entry
 from .._hyper import IntScalar, as_int_scalar, check_hyperparameter
 from .._interop import as_transform
@@ -46,7 +46,7 @@ class ApplyIfFiniteState(eqx.Module, OptaxTuple):
 
 
 @checked
-class ApplyIfFinite(AbstractGradientTransformation):
+class ApplyIfFinite(AbstractWrapper):
     r"""Skips the steps whose gradients hold an Inf or a NaN, up to a limit.
 
     With $c_t$ the number of consecutive non-finite steps up to step $t$ and
@@ -95,15 +95,6 @@ class ApplyIfFinite(AbstractGradientTransformation):
         check_hyperparameter(
             "max_consecutive_errors", self.max_consecutive_errors, low=0
         )
-
-    @property
-    def elementwise(self) -> bool:
-        # "All finite" is the same on split and concatenated leaves.
-        return self.inner.elementwise
-
-    @property
-    def runs_on_buffers(self) -> bool:
-        return self.inner.runs_on_buffers
 
     @init_entry
     def init(self, params: Params) -> ApplyIfFiniteState:

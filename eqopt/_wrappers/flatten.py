@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from .. import _sharding
 from .._base import (
     AbstractGradientTransformation,
+    AbstractWrapper,
     Params,
     Updates,
     is_none,
@@ -19,6 +20,7 @@ from .._entry import init_entry, update_entry
 from .._interop import as_transform
 from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
+from .masked import Freeze
 
 
 @no_type_check
@@ -83,7 +85,7 @@ class FlattenState(eqx.Module, OptaxTuple):
 
 
 @checked
-class Flatten(AbstractGradientTransformation):
+class Flatten(AbstractWrapper):
     r"""Runs `inner` on one flat vector holding every trainable leaf of the model.
 
     $$
@@ -131,13 +133,20 @@ class Flatten(AbstractGradientTransformation):
     def __init__(self, inner: Any):
         self.inner = as_transform(inner)
 
-    @property
-    def elementwise(self) -> bool:
-        return self.inner.elementwise
-
-    @property
-    def runs_on_buffers(self) -> bool:
-        return self.inner.runs_on_buffers
+    def frozen_selection(self, tree: Any) -> Any | None:
+        """Every trainable leaf if the inner transform freezes the flat vector
+        (it sees one leaf), else `None`."""
+        if not self.inner.freezes:
+            return None
+        positions = _positions(tree)
+        if not positions:
+            return None
+        selected = self.inner.frozen_selection(_ravel(tree, positions, tree))
+        return (
+            None
+            if selected is None
+            else Freeze(mask=bool(selected)).frozen_selection(tree)
+        )
 
     @init_entry
     def init(self, params: Params) -> FlattenState:

@@ -20,6 +20,7 @@ from jaxtyping import Array, Int
 
 from .._base import (
     AbstractGradientTransformation,
+    AbstractWrapper,
     OptState,
     Params,
     Updates,
@@ -81,7 +82,7 @@ def _state_value(name: str, value: Any, dtype: DTypeLike, source: str) -> Array:
     return array
 
 
-class _AbstractInjectHyperparams(AbstractGradientTransformation):
+class _AbstractInjectHyperparams(AbstractWrapper):
     """What the two injection wrappers share: sorting the factory's arguments,
     building the inner transform from values, and reading values back from the
     state. They differ in how schedules are evaluated (and kept in the state)."""
@@ -178,14 +179,11 @@ class _AbstractInjectHyperparams(AbstractGradientTransformation):
         }
 
     @property
-    def elementwise(self) -> bool:
+    def inner(self) -> AbstractGradientTransformation:  # pyright: ignore[reportIncompatibleVariableOverride]
+        """The inner transform built with the initial hyperparameters (its
+        capabilities are this wrapper's)."""
         values, _ = self._initial_values(self._dtype(None))
-        return bool(self._build(values).elementwise)
-
-    @property
-    def runs_on_buffers(self) -> bool:
-        values, _ = self._initial_values(self._dtype(None))
-        return bool(self._build(values).runs_on_buffers)
+        return self._build(values)
 
 
 @checked

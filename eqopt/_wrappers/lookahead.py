@@ -11,6 +11,7 @@ from jaxtyping import Array, Int
 
 from .._base import (
     AbstractGradientTransformation,
+    AbstractWrapper,
     Params,
     Updates,
     is_none,
@@ -115,7 +116,7 @@ def _check_params(params: Any, where: str) -> LookaheadParams:
 
 
 @checked
-class Lookahead(AbstractGradientTransformation):
+class Lookahead(AbstractWrapper):
     r"""Lookahead: $k$ steps of a fast optimiser, then one step of the slow weights towards them.
 
     With fast weights $\phi$, slow weights $\theta$, $k$ = `sync_period` and
@@ -158,7 +159,9 @@ class Lookahead(AbstractGradientTransformation):
 
     # The params are a `LookaheadParams`, the updates are shaped like its `fast`
     # weights: `_check_params` and the fast optimiser check them.
-    params_like_updates = False
+    @property
+    def params_like_updates(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
+        return False
 
     fast_optimizer: AbstractGradientTransformation
     sync_period: int = eqx.field(static=True)
@@ -183,13 +186,15 @@ class Lookahead(AbstractGradientTransformation):
         super().__check_init__()
         check_hyperparameter("slow_step_size", self.slow_step_size, low=0.0)
 
+    # A chain around it sees pairs of params, which no frozen selection of the
+    # fast optimiser's is shaped like; freezing inside it still works.
     @property
-    def elementwise(self) -> bool:
-        return self.fast_optimizer.elementwise
+    def freezes(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
+        return False
 
     @property
-    def runs_on_buffers(self) -> bool:
-        return self.fast_optimizer.runs_on_buffers
+    def inner(self) -> AbstractGradientTransformation:  # pyright: ignore[reportIncompatibleVariableOverride]
+        return self.fast_optimizer
 
     @init_entry
     def init(self, params: Params) -> LookaheadState:

@@ -8,6 +8,7 @@ import jax
 
 from .._base import (
     AbstractGradientTransformation,
+    AbstractWrapper,
     EmptyState,
     OptState,
     Params,
@@ -38,7 +39,7 @@ class MaskedState(eqx.Module, OptaxTuple):
 
 
 @checked
-class Masked(AbstractGradientTransformation):
+class Masked(AbstractWrapper):
     """Applies `inner` to the selected leaves only; the others pass through unchanged.
 
     The selection is an Equinox filter spec, with the meaning of `eqx.filter`:
@@ -94,6 +95,21 @@ class Masked(AbstractGradientTransformation):
     def _selection(self, tree: Any) -> Any:
         return select_trainable(
             self.mask, tree, what="mask", fix="masked(inner, mask_fn(params))"
+        )
+
+    def frozen_selection(self, tree: Any) -> Any | None:
+        """The leaves the inner transform freezes among the selected ones, or `None`."""
+        if not self.inner.freezes:
+            return None
+        selection = self._selection(tree)
+        inner = self.inner.frozen_selection(keep_selected(tree, selection))
+        if inner is None:
+            return None
+        return jax.tree.map(
+            lambda chosen, frozen: bool(chosen) and bool(frozen),
+            selection,
+            inner,
+            is_leaf=is_none,
         )
 
     @init_entry
@@ -230,7 +246,7 @@ def freeze(mask: FilterSpec) -> Freeze:
 
 
 @checked
-class SelectiveTransform(AbstractGradientTransformation):
+class SelectiveTransform(AbstractWrapper):
     """Trains the leaves not selected by `freeze_mask` with `optimizer`; freezes the rest.
 
     Frozen leaves get zero updates and the optimiser keeps no state for them.
@@ -251,8 +267,26 @@ class SelectiveTransform(AbstractGradientTransformation):
         self.freeze_mask = as_filter_spec(freeze_mask)
 
     @property
+    def inner(self) -> AbstractGradientTransformation:  # pyright: ignore[reportIncompatibleVariableOverride]
+        return self.optimizer
+
+    @property
     def elementwise(self) -> bool:
         return False
+
+    @property
+    def freezes(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
+        return True
+
+    def frozen_selection(self, tree: Any) -> Any:
+        """The leaves `freeze_mask` selects, and those `optimizer` freezes."""
+        own = Freeze(mask=self.freeze_mask).frozen_selection(tree)
+        return jax.tree.map(
+            lambda mine, theirs: bool(mine) or bool(theirs),
+            own,
+            self._trained(tree).frozen_selection(tree) or own,
+            is_leaf=is_none,
+        )
 
     def _trained(self, tree: Any) -> Masked:
         frozen = resolve_filter(self.freeze_mask, tree, what="freeze mask")

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Inexact, Int, Key, UInt32
 
-from .._base import AbstractGradientTransformation, Params, Updates
+from .._base import AbstractGradientTransformation, AbstractWrapper, Params, Updates
 from .._entry import init_entry, update_entry
 from .._interop import as_transform
 from .._leafwise import require_params
@@ -209,7 +209,7 @@ class MasterWeightsState(eqx.Module, OptaxTuple):
 
 
 @checked
-class MasterWeights(AbstractGradientTransformation):
+class MasterWeights(AbstractWrapper):
     r"""Trains float32 master copies of low-precision parameters.
 
     The state keeps $\theta^{32}$, a float32 copy of each `bfloat16` or
@@ -253,14 +253,6 @@ class MasterWeights(AbstractGradientTransformation):
 
     def __init__(self, inner: Any):
         self.inner = as_transform(inner)
-
-    @property
-    def elementwise(self) -> bool:
-        return self.inner.elementwise
-
-    @property
-    def runs_on_buffers(self) -> bool:
-        return self.inner.runs_on_buffers
 
     def _full(self, params: Params, master: Any) -> Any:
         return jax.tree.map(

@@ -6,7 +6,13 @@ import equinox as eqx
 import jax
 
 from .. import _backend
-from .._base import AbstractGradientTransformation, OptState, Params, Updates
+from .._base import (
+    AbstractGradientTransformation,
+    AbstractWrapper,
+    OptState,
+    Params,
+    Updates,
+)
 from .._entry import init_entry, update_entry
 from .._interop import as_transform
 from .._leaves import InputError
@@ -69,7 +75,7 @@ def _check_backend() -> None:
 
 
 @checked
-class Offload(AbstractGradientTransformation):
+class Offload(AbstractWrapper):
     r"""Keeps the inner optimiser's state in host memory between steps.
 
     A layout policy over the same typed state, as ZeRO-1 and quantised
@@ -169,36 +175,6 @@ class Offload(AbstractGradientTransformation):
                 f"eqopt.offload: min_size={self.min_size}; pass the fewest elements "
                 "a state leaf needs to be kept in host memory, 0 or more."
             )
-
-    # -- Capabilities: the inner optimiser's -----------------------------------
-
-    @property
-    def elementwise(self) -> bool:
-        return self.inner.elementwise
-
-    @property
-    def runs_on_buffers(self) -> bool:
-        return self.inner.runs_on_buffers
-
-    @property
-    def params_like_updates(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
-        return self.inner.params_like_updates
-
-    @property
-    def per_example_updates(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
-        return self.inner.per_example_updates
-
-    @property
-    def advises_bucketing(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
-        return self.inner.advises_bucketing
-
-    @property
-    def freezes(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
-        return self.inner.freezes
-
-    def frozen_selection(self, tree: Any) -> Any | None:
-        """The leaves the inner optimiser freezes (see `eqopt.Freeze`), or `None`."""
-        return self.inner.frozen_selection(tree)
 
     # -- Placement --------------------------------------------------------------
 

@@ -2,7 +2,13 @@
 
 from typing import Any
 
-from .._base import AbstractGradientTransformation, OptState, Params, Updates
+from .._base import (
+    AbstractGradientTransformation,
+    AbstractWrapper,
+    OptState,
+    Params,
+    Updates,
+)
 from .._entry import init_entry, update_entry
 from .._interop import as_transform
 from .._layer_axes import StackAxesSpec, given_stack_axes
@@ -10,7 +16,7 @@ from .._typecheck import checked
 
 
 @checked
-class WithStackAxes(AbstractGradientTransformation):
+class WithStackAxes(AbstractWrapper):
     r"""Runs `inner` with the stack axes you give for leaves eqopt cannot read them from.
 
     A leaf of a known Equinox layer stacked with `eqx.filter_vmap` (a scanned
@@ -62,32 +68,8 @@ class WithStackAxes(AbstractGradientTransformation):
         self.stack_axes = stack_axes
 
     @property
-    def elementwise(self) -> bool:
-        return self.inner.elementwise
-
-    @property
-    def runs_on_buffers(self) -> bool:
-        return self.inner.runs_on_buffers
-
-    @property
     def handles_packed(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
         return self.inner.handles_packed
-
-    @property
-    def params_like_updates(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
-        return self.inner.params_like_updates
-
-    @property
-    def per_example_updates(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
-        return self.inner.per_example_updates
-
-    @property
-    def freezes(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
-        return self.inner.freezes
-
-    def frozen_selection(self, tree: Any) -> Any | None:
-        """The leaves the inner optimiser freezes (see `eqopt.Freeze`), or `None`."""
-        return self.inner.frozen_selection(tree)
 
     @init_entry
     def init(self, params: Params) -> OptState:

@@ -9,6 +9,7 @@ from jaxtyping import Array, Inexact, PyTree
 
 from .._base import (
     AbstractGradientTransformation,
+    AbstractWrapper,
     Params,
     Updates,
     is_none,
@@ -60,7 +61,7 @@ class SplitRealAndImaginaryState(eqx.Module, OptaxTuple):
 
 
 @checked
-class SplitRealAndImaginary(AbstractGradientTransformation):
+class SplitRealAndImaginary(AbstractWrapper):
     r"""Runs `inner` on the real and imaginary parts of complex leaves as separate reals.
 
     Each complex leaf $z = x + i y$ is given to `inner` as two real leaves $x$
@@ -80,14 +81,6 @@ class SplitRealAndImaginary(AbstractGradientTransformation):
     """
 
     inner: AbstractGradientTransformation = eqx.field(converter=as_transform)
-
-    @property
-    def elementwise(self) -> bool:
-        return self.inner.elementwise
-
-    @property
-    def runs_on_buffers(self) -> bool:
-        return self.inner.runs_on_buffers
 
     @init_entry
     def init(self, params: Params) -> SplitRealAndImaginaryState:
