@@ -164,6 +164,75 @@ REASONS = (
         _in("MaskedTest::test_masked_state_structure"),
     ),
     (
+        "Python numbers in a tree are not data (a model's `Dropout.p`): "
+        "reductions skip them and arithmetic passes them through; the test "
+        "reduces or adds Python floats",
+        "deliberate",
+        _in(
+            "TreeUtilsTest::test_tree_l1_norm1",
+            "TreeUtilsTest::test_tree_l1_norm5",
+            "TreeUtilsTest::test_tree_linf_norm1",
+            "TreeUtilsTest::test_tree_linf_norm5",
+            "TreeUtilsTest::test_tree_max2",
+            "TreeUtilsTest::test_tree_max4",
+            "TreeUtilsTest::test_tree_min2",
+            "TreeUtilsTest::test_tree_min4",
+            "TreeUtilsTest::test_tree_size2",
+            "TreeUtilsTest::test_tree_size4",
+            "TreeUtilsTest::test_tree_vdot",
+            "TreeUtilsTest::test_tree_max_min_empty_dtype",
+            "TreeUtilsTest::test_tree_add_scale_dtype",
+        ),
+    ),
+    (
+        "only inexact arrays are differentiated, as by `eqx.filter_grad` "
+        "(the test differentiates a Python float)",
+        "deliberate",
+        _in("MicrobatchingTest::test_micro_grad_early_stopping"),
+    ),
+    (
+        "a chain's state is a `ChainState`, not a tuple: the test compares it "
+        "with a tuple, or its paths have `.states`",
+        "deliberate",
+        _has(
+            r"(?s)ChainState\(.*\) != \(",
+            r"\) != ChainState\(",
+            r"PyTreeDef\(CustomNode\(ChainState",
+            r"GetAttrKey\(name='states'\)",
+        ),
+    ),
+    (
+        "states are typed: one built by hand checks its fields (the test builds "
+        "one with sharding specs or `None` in place of arrays; `tree_map_params` "
+        "puts them there), and a chain's state is a `ChainState`",
+        "deliberate",
+        _in(
+            "StateUtilsTest::test_adam",
+            "StateUtilsTest::test_map_non_params_to_none",
+        ),
+    ),
+    (
+        "`tree_get_all_with_path` lists matches parents first in leaf order "
+        "(Optax: shallower matches first)",
+        "deliberate",
+        lambda r: (
+            "StateUtilsTest::test_tree_set" in r["nodeid"]
+            and "DictKey(key='hparams')" in r["message"]
+        ),
+    ),
+    (
+        "callable dimension numbers are per-leaf (Optax calls them on the "
+        "whole params)",
+        "deliberate",
+        _has("dimension-numbers spec is a per-leaf function"),
+    ),
+    (
+        "a partition's group holds its transform's state (Optax: a masked "
+        "state around it), with `None` where Optax has `MaskedNode()`",
+        "deliberate",
+        _in("MuonTest::test_dim_nums_combinations"),
+    ),
+    (
         "eqopt has no such public name",
         "missing",
         _has("eqopt has no public name", r"No module named '?eqopt\."),

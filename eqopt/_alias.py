@@ -195,6 +195,7 @@ def adamw(
     *,
     nesterov: bool = False,
     nu_dtype: MomentDType = None,
+    cautious_weight_decay: bool = False,
 ) -> Chain:
     r"""AdamW: Adam with weight decay decoupled from the adaptive scaling.
 
@@ -221,6 +222,7 @@ def adamw(
     - `weight_decay`: $\lambda$, a number or a schedule.
     - `mask`: the filter spec of the leaves to decay (default: all).
     - `nesterov`: use Nesterov momentum (this is `eqopt.nadamw`).
+    - `cautious_weight_decay`: as `cautious` of `eqopt.AddDecayedWeights`.
 
     **Returns:** an `eqopt.Chain`.
 
@@ -251,7 +253,9 @@ def adamw(
             nu_dtype=nu_dtype,
             nesterov=nesterov,
         ),
-        AddDecayedWeights(weight_decay=weight_decay, mask=mask),
+        AddDecayedWeights(
+            weight_decay=weight_decay, mask=mask, cautious=cautious_weight_decay
+        ),
         ScaleByLearningRate(learning_rate=learning_rate),
     )
 

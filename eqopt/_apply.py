@@ -74,7 +74,7 @@ def incremental_update(
             return new
         return (step_size * new + (1.0 - step_size) * old).astype(old.dtype)
 
-    return jax.tree.map(mix, new_tensors, old_tensors)
+    return jax.tree.map(mix, new_tensors, old_tensors, is_leaf=is_none)
 
 
 @checked
@@ -109,4 +109,5 @@ def periodic_update(
         lambda new, old: jnp.where(copy, new, old) if eqx.is_array(new) else new,
         new_tensors,
         old_tensors,
+        is_leaf=is_none,
     )

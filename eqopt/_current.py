@@ -131,7 +131,10 @@ def _collect_groups(
     # multipliers, under one name each (`"head.learning_rate"`).
     inner = transform.running(state)
     _collect(inner, state.inner, path, found)
-    if isinstance(inner, Partition):
+    # The groups' own branches (a group overriding hyperparameters); an
+    # optimiser that is itself a partition (Muon's) is one branch.
+    if transform.branches:
+        assert isinstance(inner, Partition)
         branches = {
             label: (part, state.inner.inner_states[label])
             for label, part in inner.transforms.items()

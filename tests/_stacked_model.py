@@ -127,13 +127,16 @@ def relative_difference(stacked_updates: Stacked, list_updates: Listed) -> float
     return worst
 
 
-def run_steps(tx, model, grads_of, steps: int = 3, jit: bool = True, pack=False):
+def run_steps(
+    tx, model, grads_of, steps: int = 3, jit: bool = True, pack=False, extra_of=None
+):
     """The updates of the last of `steps` steps of `tx` on `model`; `grads_of(step)`
-    gives the gradients (shaped like `model`)."""
+    gives the gradients (shaped like `model`), `extra_of(params, grads)` the extra
+    arguments of `update` (a line search's objective), if any."""
     params = eqopt.pack(model) if pack else model
 
-    def step(tx, grads, state, params):
-        return tx.update(grads, state, params)
+    def step(tx, grads, state, params, extra):
+        return tx.update(grads, state, params, **extra)
 
     if jit:
         step = eqx.filter_jit(step)
@@ -143,7 +146,8 @@ def run_steps(tx, model, grads_of, steps: int = 3, jit: bool = True, pack=False)
         grads = grads_of(k)
         if pack:
             grads = eqopt.Packed.like(params, grads)
-        updates, state = step(tx, grads, state, params)
+        extra = {} if extra_of is None else extra_of(params, grads)
+        updates, state = step(tx, grads, state, params, extra)
         params = eqopt.apply_updates(params, updates)
     if pack:
         updates = updates.unpack()

@@ -43,6 +43,16 @@ def test_incremental_and_periodic_update_match_optax_and_keep_model_leaves():
         eqopt.incremental_update(TREE, {"a": OTHER["a"], "b": jnp.ones(3)}, 0.5)
 
 
+def test_incremental_and_periodic_update_keep_none_of_new_tensors():
+    """`None` new tensors (Optax: `incremental_update(None, x, 1)`) stay `None`."""
+    x = jnp.array([1.0, 2.0, 3.0])
+    assert eqopt.incremental_update(None, x, 1) is None
+    assert eqopt.periodic_update(None, x, jnp.asarray(0), 2) is None
+    mixed = eqopt.incremental_update({"a": None, "b": x}, {"a": x, "b": 2 * x}, 0.5)
+    assert mixed["a"] is None
+    np.testing.assert_allclose(mixed["b"], 1.5 * x)
+
+
 def test_periodic_update_takes_a_traced_period():
     """Jitted as Optax's tests call it, with the period an argument (traced)."""
     update = jax.jit(eqopt.periodic_update)

@@ -410,3 +410,55 @@ def test_polar_express_is_closer_to_orthogonal_than_jordans():
     assert errors["polar_express"] < 0.5 * errors["standard"]
     with pytest.raises(ValueError, match="steps"):
         eqopt.contrib.polar_express_coefficients(0)
+
+
+def test_a_whole_params_dimension_numbers_function_is_refused_with_the_fix():
+    """Optax calls the function on the whole params; here it is per leaf, as a
+    mask is, and the error shows the call that works."""
+    params = {"w1": jnp.ones((10, 10)), "w2": jnp.ones((2, 10))}
+
+    def dims_fn(_):
+        return {"w1": MuonDimensionNumbers(), "w2": None}
+
+    with pytest.raises(ValueError, match=r"\['w1'\].*dims_fn\(params\)"):
+        eqopt.contrib.muon(1e-3, muon_weight_dimension_numbers=dims_fn).init(params)
+    opt = eqopt.contrib.muon(1e-3, muon_weight_dimension_numbers=dims_fn(params))
+    state = opt.init(params)
+    updates, _ = opt.update(params, state, params)
+    assert updates["w1"].shape == (10, 10) and updates["w2"].shape == (2, 10)
+
+
+@pytest.mark.parametrize("preconditioning", ["frobenius", "aol", "schatten"])
+def test_dimension_numbers_choose_the_muon_leaves_as_optax_does(preconditioning):
+    """Optax's combinations of dimension numbers, read through eqopt's partition
+    state (the group's chain state directly; `None` where Optax has `MaskedNode`)."""
+
+    def muon_mu(params, dims=None):
+        opt = eqopt.contrib.muon(
+            1e-3, muon_weight_dimension_numbers=dims, preconditioning=preconditioning
+        )
+        _, state = opt.update(params, opt.init(params), params)
+        return state.inner_states["muon"][0].mu
+
+    dims = MuonDimensionNumbers(reduction_axis=(1,), output_axis=(2,))
+    mu = muon_mu(
+        {"w1": jnp.ones((1, 2, 3)), "w2": jnp.ones((2, 3, 4))}, {"w1": dims, "w2": dims}
+    )
+    assert mu["w1"] is not None and mu["w2"] is not None
+    mu = muon_mu({"w1": jnp.ones((1, 2, 3)), "w2": jnp.ones((3, 4))})
+    assert mu["w1"] is None and mu["w2"] is not None  # by default, matrices only
+    mu = muon_mu(
+        {"w1": jnp.ones((1, 2, 3)), "w2": jnp.ones((2, 3, 4))}, {"w1": None, "w2": dims}
+    )
+    assert mu["w1"] is None and mu["w2"] is not None
+    pair = {"a": jnp.ones((2, 3)), "b": jnp.ones((2, 3))}
+    params = {"w1": pair, "w2": pair}
+    mu = muon_mu(params, {"w1": None, "w2": {"a": MuonDimensionNumbers(), "b": None}})
+    assert jax.tree.structure(mu, is_leaf=lambda x: x is None) == jax.tree.structure(
+        params
+    )
+    assert [mu["w1"]["a"], mu["w1"]["b"], mu["w2"]["b"]] == [None, None, None]
+    assert mu["w2"]["a"] is not None
+    mu = muon_mu(params, {"w1": MuonDimensionNumbers(), "w2": None})
+    assert mu["w1"]["a"] is not None and mu["w1"]["b"] is not None
+    assert mu["w2"]["a"] is None and mu["w2"]["b"] is None

@@ -217,3 +217,13 @@ def test_fine_tuning(tmp_path):
     output = (ROOT / "docs" / "examples" / "fine_tuning.txt").read_text()
     table = [line for line in output.splitlines() if line.startswith("| ")]
     assert len(table) == 13 and all(line in page for line in table), table
+
+
+def test_scanned_blocks(tmp_path):
+    stdout, plot = run_example("scanned_blocks", tmp_path)
+    # The same optimiser on the scanned stack and on the list: the same losses.
+    assert number(r"largest loss difference, scanned vs list: (\S+)", stdout) < 1e-5
+    # The report shows the stack as its layers, each with its layer-decay rate.
+    assert "blocks[0-3].attention.query_proj.weight" in stdout, stdout
+    assert "blocks[0-3].norm1.weight" in stdout, stdout
+    assert_plot(plot)

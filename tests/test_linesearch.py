@@ -386,6 +386,16 @@ def test_value_and_grad_from_state_errors():
     no_grad = eqopt.scale_by_backtracking_linesearch(5).init(params)
     with pytest.raises(ValueError, match="store_grad=True"):
         value_and_grad(params, state=no_grad)
+    two = eqopt.chain(
+        eqopt.scale_by_backtracking_linesearch(5, store_grad=True),
+        eqopt.scale_by_backtracking_linesearch(5, store_grad=True),
+    ).init(params)
+    for error in (KeyError, ValueError):  # Optax raises a KeyError there
+        with pytest.raises(error, match="found 2 and 2"):
+            value_and_grad(params, state=two)
+    with pytest.raises(KeyError) as caught:
+        jax.jit(value_and_grad)(params, state=two)
+    assert str(caught.value).startswith("value_and_grad_from_state: expected one")
 
 
 # ---------------------------------------------------------------------------

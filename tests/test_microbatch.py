@@ -124,7 +124,7 @@ def test_none_microbatch_size_is_the_function_itself():
 
 def test_errors():
     x = jnp.arange(8.0)
-    with pytest.raises(ValueError, match="does not divide the batch size 8"):
+    with pytest.raises(ValueError, match="batch size 8 is not divisible"):
         eqopt.microbatch(jnp.sum, 0, 3)(x)
     with pytest.raises(ValueError, match="different batch sizes"):
         eqopt.microbatch(lambda a, b: jnp.sum(a) + jnp.sum(b), (0, 1), 2)(x, x[:4])

@@ -301,3 +301,30 @@ def test_map_params_finds_the_fast_moments_of_lookahead():
     out = eqopt.tree.map_params(opt, lambda p: p + 1.0, state)
     assert float(eqopt.tree.get(out, "mu")["w"].sum()) == 3.0
     assert int(eqopt.tree.get(out, "count")) == 0
+
+
+def test_map_params_puts_any_value_in_a_typed_state():
+    """Sharding specs or `None` replace the arrays of a typed state (its fields are
+    checked when a state is built by hand, not when `map_params` rebuilds one)."""
+
+    class Spec(eqx.Module):
+        axis: int | None = eqx.field(static=True)
+
+    params = {"w": jnp.zeros((1, 2)), "b": jnp.zeros(3)}
+    opt = eqopt.adam(eqopt.linear_schedule(1e-2, 1e-4, 10))
+    state = opt.init(params)
+    specs = eqopt.tree_utils.tree_map_params(
+        opt,
+        lambda _, spec: spec,
+        state,
+        {"w": Spec(0), "b": Spec(1)},
+        transform_non_params=lambda _: Spec(None),
+    )
+    adam, schedule = specs
+    assert adam.count == Spec(None) and schedule.count == Spec(None)
+    assert adam.mu == {"w": Spec(0), "b": Spec(1)} and adam.nu == adam.mu
+    nones = eqopt.tree.map_params(
+        opt, lambda _: 1, state, transform_non_params=lambda _: None
+    )
+    assert nones[0].count is None and nones[0].mu == {"w": 1, "b": 1}
+    assert nones[1].count is None

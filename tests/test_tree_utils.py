@@ -183,6 +183,10 @@ def test_tree_set_with_optax_name():
     new = eqopt.tree_utils.tree_set(state, count_m2=jnp.asarray(5, jnp.int32))
     assert int(new.count) == 5
     found = eqopt.tree_utils.tree_get_all_with_path(state, "count_m2")
+    assert [path for path, _ in found] == [
+        (eqopt.tree_utils.NamedTupleKey("ScaleByAdemamixState", "count"),)
+    ]
+    found = eqopt.tree.get_all_with_path(state, "count_m2")
     assert [jax.tree_util.keystr(path) for path, _ in found] == [".count"]
 
 
@@ -267,3 +271,52 @@ def test_logging_the_injected_learning_rate_runs_on_eqopt():
     assert our_log[0] == pytest.approx(1e-2) and our_log[-1] == pytest.approx(1e-3)
     for key in ours:
         np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-5, atol=1e-6)
+
+
+def test_tree_get_paths_name_state_fields_as_optax_does():
+    """Optax's paths: a `NamedTupleKey` for a state's field, so Optax's `filtering` works."""
+    tu = eqopt.tree_utils
+    params = jnp.ones(3)
+    state = eqopt.scale_by_adam().init(params)
+    assert tu.tree_get_all_with_path(state, "count") == [
+        ((tu.NamedTupleKey("ScaleByAdamState", "count"),), state.count)
+    ]
+    # eqopt.tree keeps JAX's keys.
+    assert eqopt.tree.get_all_with_path(state, "count") == [
+        ((jax.tree_util.GetAttrKey("count"),), state.count)
+    ]
+    chain = eqopt.chain(eqopt.add_noise(1.0, 0.9, 0), eqopt.scale_by_adam())
+    state = chain.init(params)
+
+    def adam_only(path, _):
+        return (
+            isinstance(path[-1], tu.NamedTupleKey)
+            and path[-1].tuple_name == "ScaleByAdamState"
+        )
+
+    with pytest.raises(KeyError, match="found 2 values"):
+        tu.tree_get(state, "count")
+    assert tu.tree_get(state, "count", filtering=adam_only) is state[1].count
+    new = tu.tree_set(state, adam_only, count=jnp.asarray(42))
+    assert int(new[1].count) == 42 and int(new[0].count) == 0
+    # A dict's keys stay JAX's.
+    tree = {"hparams": {"learning_rate": 1.0}, "learning_rate": "foo"}
+    found = tu.tree_get_all_with_path(
+        tree, "learning_rate", lambda _, value: isinstance(value, float)
+    )
+    assert found == [
+        (
+            (jax.tree_util.DictKey("hparams"), jax.tree_util.DictKey("learning_rate")),
+            1.0,
+        )
+    ]
+
+
+def test_tree_allclose_compares_numbers_with_the_tolerances():
+    tu = eqopt.tree_utils
+    assert tu.tree_allclose(1, 1 + 1e-7)
+    assert not tu.tree_allclose(1, 2)
+    assert tu.tree_allclose({"p": 0.1, "f": "relu"}, {"p": 0.1 + 1e-9, "f": "relu"})
+    assert not tu.tree_allclose({"f": "relu"}, {"f": "gelu"})
+    assert tu.tree_allclose(1.0, 1.5, atol=1.0)
+    assert not tu.tree_allclose(None, 1.0)

@@ -238,6 +238,13 @@ def _run_search(
 # ---------------------------------------------------------------------------
 
 
+class _SeveralFoundError(KeyError, ValueError):
+    """The state holds several line searches' values: a `KeyError`, as Optax's
+    `tree_get` raises there, and a `ValueError`, as for a state holding none."""
+
+    __str__ = Exception.__str__
+
+
 @checked
 def value_and_grad_from_state(
     value_fn: Callable[..., Any],
@@ -261,8 +268,9 @@ def value_and_grad_from_state(
     **Returns:** `value_and_grad(params, *args, state, **kwargs) -> (value, grad)`,
     `grad` shaped like `params` with `None` where a leaf is not trainable.
 
-    **Raises:** `ValueError` if the state holds no `value`/`grad` or several,
-    or if its `grad` is `None` (a backtracking search without `store_grad=True`).
+    **Raises:** `ValueError` if the state holds no `value`/`grad`, or if its
+    `grad` is `None` (a backtracking search without `store_grad=True`); an error
+    that is both a `KeyError` (as in Optax) and a `ValueError` if it holds several.
 
     !!! example
 
@@ -285,7 +293,8 @@ def value_and_grad_from_state(
         values = get_all_with_path(state, "value")
         grads = get_all_with_path(state, "grad")
         if len(values) != 1 or len(grads) != 1:
-            raise ValueError(
+            several = len(values) > 1 or len(grads) > 1
+            raise (_SeveralFoundError if several else ValueError)(
                 "value_and_grad_from_state: expected one `value` and one `grad` in "
                 f"the state, found {len(values)} and {len(grads)}. The state should "
                 "come from an optimiser with one line search "

@@ -4,6 +4,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 
 from .._base import AbstractGradientTransformation, OptState, Params, Updates
 from .._entry import init_entry, update_entry
@@ -32,6 +33,20 @@ class AddDecayedWeights(AbstractGradientTransformation):
     Placed before the learning rate, this is the decoupled weight decay of
     AdamW.
 
+    **Cautious weight decay.** With `cautious=True` an entry is decayed only
+    where the incoming update $u$ (the optimiser's direction, before the
+    learning rate) and the parameter agree in sign:
+
+    $$ u \mapsto u + \lambda\, \mathbb{1}[u \odot \theta \ge 0] \odot \theta $$
+
+    so the decay never pulls against the step the optimiser takes
+    ($\operatorname{Re}(u \bar\theta) \ge 0$ for complex leaves). Every
+    optimiser whose chain ends with this transform and the learning rate
+    (`eqopt.adamw`, `eqopt.lion`, `eqopt.contrib.muon`, ...) gets it from
+    this one flag; those three also spell it `cautious_weight_decay=True`.
+    This is not `eqopt.cautious`, which masks the update by the sign of the
+    gradient.
+
     `mask` is an Equinox filter spec selecting the leaves to decay (a bool, a
     per-leaf predicate such as `lambda x: x.ndim > 1`, or a prefix pytree of
     these); unselected leaves pass through. Unlike Optax, a callable mask is a
@@ -46,9 +61,11 @@ class AddDecayedWeights(AbstractGradientTransformation):
     - `weight_decay`: $\lambda$, a number or a schedule of the step count (then
       the state counts steps).
     - `mask`: optional filter spec.
+    - `cautious`: decay only where the update and the parameter agree in sign.
 
     **References:** Loshchilov & Hutter, *Decoupled Weight Decay
-    Regularization*, ICLR 2019.
+    Regularization*, ICLR 2019; Chen, Li, Liang, Su, Xie, Pierse, Liang, Lao
+    & Liu, *Cautious Weight Decay*, arXiv:2510.12402, 2025 (`cautious=True`).
     """
 
     weight_decay: Scalar | Schedule = eqx.field(
@@ -58,6 +75,7 @@ class AddDecayedWeights(AbstractGradientTransformation):
     #: Per-leaf multipliers of the decay (arrays from the groups' state), set by
     #: `eqopt.param_groups` for its call (`eqopt._leaf_scales`); `None` otherwise.
     scales: LeafScales | None = None
+    cautious: bool = eqx.field(default=False, static=True)
 
     def __check_init__(self):
         check_hyperparameter("weight_decay", self.weight_decay)
@@ -102,12 +120,34 @@ class AddDecayedWeights(AbstractGradientTransformation):
         weight_decay, state = current_value(self.weight_decay, state)
         if params is None:  # nothing to decay (an empty group of a partition)
             return updates, state
-        return _decayed(self.mask, self.scales, weight_decay, updates, params), state
+        decayed = _decayed(
+            self.mask, self.scales, weight_decay, updates, params, self.cautious
+        )
+        return decayed, state
 
 
-def _decayed(mask_spec, scales, weight_decay, updates, params):
+def _aligned(u, p):
+    """`p` where the update `u` agrees with it in sign (`Re(u conj(p)) >= 0`), else 0."""
+    if u is None or p is None:
+        return p
+    product = u * jnp.conj(p) if jnp.iscomplexobj(p) else u * p
+    return jnp.where(jnp.real(product) >= 0, p, jnp.zeros_like(p))
+
+
+def _decayed(mask_spec, scales, weight_decay, updates, params, cautious=False):
     """`updates + weight_decay * params` on the leaves `mask_spec` selects, the decay
-    times each leaf's multiplier (`scales`, from `eqopt.param_groups`)."""
+    times each leaf's multiplier (`scales`, from `eqopt.param_groups`); with
+    `cautious`, only the entries of `params` that agree with `updates` in sign."""
+    if cautious:
+        if isinstance(params, Packed) and isinstance(updates, Packed):
+            buffers = tuple(map(_aligned, updates.buffers, params.buffers))
+            params = Packed(buffers=buffers, rest=params.rest, layout=params.layout)
+        elif contains_packed(updates, params):
+            return _decayed_unpacked(
+                mask_spec, scales, weight_decay, updates, params, cautious
+            )
+        else:
+            params = jax.tree.map(_aligned, updates, params, is_leaf=is_none)
     if mask_spec is None and scales is None:
         return leafwise(lambda g, p: weight_decay * p + g, updates, params)
     if isinstance(params, Packed) and isinstance(updates, Packed):
@@ -121,11 +161,7 @@ def _decayed(mask_spec, scales, weight_decay, updates, params):
             selected = params.segment_masks(mask)
         return decay_leaves(updates, params, weight_decay, scales, selected)
     if contains_packed(updates, params):
-        reference = updates if contains_packed(updates) else params
-        new = _decayed(
-            mask_spec, scales, weight_decay, unpack_all(updates), unpack_all(params)
-        )
-        return repack_like(reference, new)
+        return _decayed_unpacked(mask_spec, scales, weight_decay, updates, params)
     if mask_spec is None:
         selected = jax.tree.map(lambda _: True, params, is_leaf=is_none)
     else:
@@ -133,9 +169,27 @@ def _decayed(mask_spec, scales, weight_decay, updates, params):
     return decay_leaves(updates, params, weight_decay, scales, selected)
 
 
+def _decayed_unpacked(mask_spec, scales, weight_decay, updates, params, cautious=False):
+    """`_decayed` where one of `updates` and `params` is packed: on the unpacked
+    trees, repacked as the packed one."""
+    reference = updates if contains_packed(updates) else params
+    new = _decayed(
+        mask_spec,
+        scales,
+        weight_decay,
+        unpack_all(updates),
+        unpack_all(params),
+        cautious,
+    )
+    return repack_like(reference, new)
+
+
 @checked
 def add_decayed_weights(
-    weight_decay: ScalarOrSchedule = 0.0, mask: FilterSpec | None = None
+    weight_decay: ScalarOrSchedule = 0.0,
+    mask: FilterSpec | None = None,
+    *,
+    cautious: bool = False,
 ) -> AddDecayedWeights:
     """Optax spelling of `eqopt.AddDecayedWeights`."""
-    return AddDecayedWeights(weight_decay=weight_decay, mask=mask)
+    return AddDecayedWeights(weight_decay=weight_decay, mask=mask, cautious=cautious)

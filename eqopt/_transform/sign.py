@@ -212,6 +212,8 @@ def lion(
     mu_dtype: MomentDType = None,
     weight_decay: ScalarOrSchedule = 1e-3,
     mask: FilterSpec | None = None,
+    *,
+    cautious_weight_decay: bool = False,
 ) -> Chain:
     r"""Lion: steps by the sign of an interpolation of momentum and gradient.
 
@@ -236,6 +238,8 @@ def lion(
     - `mu_dtype`: dtype to store the momentum in (default: the params').
     - `weight_decay`: $\lambda$, a number or a schedule.
     - `mask`: the filter spec of the leaves to decay (default: all).
+    - `cautious_weight_decay`: decay only the entries whose update agrees
+      with them in sign (see `eqopt.AddDecayedWeights`).
 
     **Returns:** an `eqopt.Chain`.
 
@@ -254,7 +258,9 @@ def lion(
     """
     return Chain(
         ScaleByLion(b1=b1, b2=b2, mu_dtype=mu_dtype),
-        AddDecayedWeights(weight_decay=weight_decay, mask=mask),
+        AddDecayedWeights(
+            weight_decay=weight_decay, mask=mask, cautious=cautious_weight_decay
+        ),
         ScaleByLearningRate(learning_rate=learning_rate),
     )
 

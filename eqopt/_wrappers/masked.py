@@ -275,6 +275,11 @@ class SelectiveTransform(AbstractWrapper):
         return False
 
     @property
+    def runs_on_buffers(self) -> bool:
+        # Its freezing is by leaf: it sees the unpacked model.
+        return False
+
+    @property
     def freezes(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
         return True
 

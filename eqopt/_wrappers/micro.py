@@ -46,9 +46,9 @@ def reshape_batch_axis(tree: PyTree, microbatch_size: int, axis: int = 0) -> PyT
         size = x.shape[axis]
         if microbatch_size < 1 or size % microbatch_size:
             raise ValueError(
-                f"reshape_batch_axis: `microbatch_size={microbatch_size}` does not "
-                f"divide the batch size {size} of the leaf at "
-                f"{jax.tree_util.keystr(path)}."
+                f"reshape_batch_axis: the batch size {size} of the leaf at "
+                f"{jax.tree_util.keystr(path)} is not divisible by "
+                f"`microbatch_size={microbatch_size}`."
             )
         moved = jnp.moveaxis(x, axis, -1)
         n = size // microbatch_size

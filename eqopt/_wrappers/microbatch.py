@@ -237,8 +237,8 @@ def microbatch(
         (batch_size,) = sizes
         if batch_size % microbatch_size:
             raise ValueError(
-                f"microbatch: `microbatch_size={microbatch_size}` does not divide the "
-                f"batch size {batch_size}."
+                f"microbatch: the batch size {batch_size} is not divisible by "
+                f"`microbatch_size={microbatch_size}`."
             )
         num_microbatches = batch_size // microbatch_size
 

@@ -52,6 +52,12 @@ from ._dog import (
     dog as dog,
     dowg as dowg,
 )
+from ._laprop import (
+    ScaleByLaProp as ScaleByLaProp,
+    ScaleByLaPropState as ScaleByLaPropState,
+    laprop as laprop,
+    scale_by_laprop as scale_by_laprop,
+)
 from ._madgrad import (
     MadgradState as MadgradState,
     ScaleByMadgrad as ScaleByMadgrad,
@@ -86,10 +92,22 @@ from ._prodigy import (
 
 # isort: split
 # Muon, GaLore, schedule-free, SAM, Sophia, reduce-on-plateau, normalize, complex.
+from ._adamuon import (
+    AdaMuonState as AdaMuonState,
+    ScaleByAdaMuon as ScaleByAdaMuon,
+    adamuon as adamuon,
+    scale_by_adamuon as scale_by_adamuon,
+)
 from ._complex import (
     SplitRealAndImaginary as SplitRealAndImaginary,
     SplitRealAndImaginaryState as SplitRealAndImaginaryState,
     split_real_and_imaginary as split_real_and_imaginary,
+)
+from ._dion import (
+    DionState as DionState,
+    ScaleByDion as ScaleByDion,
+    dion as dion,
+    scale_by_dion as scale_by_dion,
 )
 from ._galore import (
     GaLoreDimensionNumbers as GaLoreDimensionNumbers,
@@ -98,6 +116,13 @@ from ._galore import (
     galore as galore,
     scale_by_galore as scale_by_galore,
 )
+from ._hyperball import (
+    Hyperball as Hyperball,
+    HyperballState as HyperballState,
+    adamh as adamh,
+    hyperball as hyperball,
+    muonh as muonh,
+)
 from ._muon import (
     MuonDimensionNumbers as MuonDimensionNumbers,
     MuonState as MuonState,
@@ -105,6 +130,13 @@ from ._muon import (
     ScaleByShape as ScaleByShape,
     muon as muon,
     scale_by_muon as scale_by_muon,
+)
+from ._muon_clip import (
+    QKClip as QKClip,
+    QKClipProjection as QKClipProjection,
+    attention_max_logits as attention_max_logits,
+    muon_clip as muon_clip,
+    qk_clip as qk_clip,
 )
 from ._normalize import (
     Normalize as Normalize,
@@ -134,6 +166,13 @@ from ._schedule_free import (
     schedule_free_eval_params as schedule_free_eval_params,
     schedule_free_sgd as schedule_free_sgd,
 )
+from ._scion import (
+    ScaleByScion as ScaleByScion,
+    ScionNorm as ScionNorm,
+    ScionState as ScionState,
+    scale_by_scion as scale_by_scion,
+    scion as scion,
+)
 from ._sophia import (
     HutchinsonEstimatorDiagHessian as HutchinsonEstimatorDiagHessian,
     HutchinsonState as HutchinsonState,
@@ -141,6 +180,16 @@ from ._sophia import (
     SophiaState as SophiaState,
     hutchinson_estimator_diag_hessian as hutchinson_estimator_diag_hessian,
     sophia as sophia,
+)
+from ._splus import (
+    IterateAverage as IterateAverage,
+    IterateAverageState as IterateAverageState,
+    ScaleBySPlus as ScaleBySPlus,
+    ScaleBySPlusShape as ScaleBySPlusShape,
+    ScaleBySPlusState as ScaleBySPlusState,
+    scale_by_splus as scale_by_splus,
+    splus as splus,
+    splus_eval_params as splus_eval_params,
 )
 
 # End of Muon ... complex.

@@ -34,7 +34,7 @@ import jax
 import numpy as np
 
 from .._base import is_none, is_trainable, path_str
-from .._filters import is_spec_leaf
+from .._filters import is_spec_leaf, per_leaf_hint
 from .._layer_axes import layer_leaves, one_layer, stack_axes_by_path
 
 
@@ -228,9 +228,12 @@ def resolve_dimension_numbers(
             return value
         raise ValueError(
             f"{owner}: expected {kind.__name__}, a bool or None for the leaf at "
-            f"{path_str(path)}, got {type(value).__name__}. A callable in a "
-            "dimension-numbers spec is applied to each leaf (as in `eqx.filter`), "
-            "never to the whole params."
+            f"{path_str(path)}, got {type(value).__name__}. "
+            + per_leaf_hint(
+                "a dimension-numbers spec",
+                "function",
+                "weight_dimension_numbers=dims_fn(params)",
+            )
         )
 
     spec_flat, spec_def = jax.tree_util.tree_flatten_with_path(spec, is_leaf=is_leaf)

@@ -39,8 +39,10 @@ from ._dimension_numbers import (
 )
 from ._newton_schulz import (
     _DEFAULT_NS_COEFFS,
+    _ORTHOGONALIZATIONS,
     _PRECONDITIONINGS,
     Coefficients,
+    Orthogonalization,
     Preconditioning,
     _as_coefficients,
     orthogonalize,
@@ -158,6 +160,9 @@ class ScaleByMuon(AbstractGradientTransformation):
       SVD), `"aol"` (row rescaling from $|X X^H|$ folded into the first
       iteration, Boissin et al. 2025) or `"schatten"` (by the Schatten-4 norm,
       Grishina et al. 2025).
+    - `orthogonalization`: `"newton_schulz"` (above) or `"gram"`: the same
+      quintics iterated on the Gram matrix of the short side, with one
+      restart (Zhang, Amsel, Chen & Dao, 2026); cheaper for rectangular ones.
     - `weight_dimension_numbers`: which leaves are matrices, and how to view
       them as matrices. `None` (default): every trainable leaf is a matrix,
       oriented as above. Otherwise an Equinox filter spec whose leaves may
@@ -185,9 +190,17 @@ class ScaleByMuon(AbstractGradientTransformation):
     adaptive: bool = eqx.field(default=False, static=True)
     preconditioning: Preconditioning = eqx.field(default="frobenius", static=True)
     weight_dimension_numbers: Any = None
+    orthogonalization: Orthogonalization = eqx.field(
+        default="newton_schulz", static=True
+    )
 
     def __check_init__(self):
         check_decays(self, "beta")
+        if self.orthogonalization not in _ORTHOGONALIZATIONS:
+            raise ValueError(
+                f"ScaleByMuon: `orthogonalization` must be one of "
+                f"{_ORTHOGONALIZATIONS}, got {self.orthogonalization!r}."
+            )
         check_hyperparameter("eps", self.eps, low=0.0)
         shape = self.ns_coeffs.shape
         if not (len(shape) == 1 and shape == (3,) or len(shape) == 2 and shape[1] == 3):
@@ -263,7 +276,13 @@ class ScaleByMuon(AbstractGradientTransformation):
             else:
                 mu_hat = debias(mu, correction)
             update = orthogonalize(
-                mu_hat, d, self.ns_coeffs, self.ns_steps, self.preconditioning, eps
+                mu_hat,
+                d,
+                self.ns_coeffs,
+                self.ns_steps,
+                self.preconditioning,
+                eps,
+                self.orthogonalization,
             )
             if self.adaptive:
                 update = jnp.sum(mu_hat.conj() * update) * update
@@ -285,6 +304,7 @@ def scale_by_muon(
     adaptive: bool = False,
     preconditioning: Preconditioning = "frobenius",
     weight_dimension_numbers: Any = None,
+    orthogonalization: Orthogonalization = "newton_schulz",
 ) -> ScaleByMuon:
     """Optax spelling of `eqopt.contrib.ScaleByMuon`.
 
@@ -301,6 +321,7 @@ def scale_by_muon(
         adaptive=adaptive,
         preconditioning=preconditioning,
         weight_dimension_numbers=weight_dimension_numbers,
+        orthogonalization=orthogonalization,
     )
 
 
@@ -417,6 +438,8 @@ def muon(
     consistent_rms: ScalarLike | None = None,
     adam_eps: ScalarLike | None = None,
     adam_nesterov: bool | None = None,
+    orthogonalization: Orthogonalization = "newton_schulz",
+    cautious_weight_decay: bool = False,
 ) -> Partition:
     r"""Muon for the matrices, AdamW for every other leaf.
 
@@ -482,9 +505,12 @@ def muon(
 
     - `learning_rate`: $\eta$ for the Muon group, a number or a schedule.
     - `ns_coeffs`, `ns_steps`, `beta`, `eps`, `mu_dtype`, `nesterov`,
-      `adaptive`, `preconditioning`: as for `eqopt.contrib.ScaleByMuon`.
+      `adaptive`, `preconditioning`, `orthogonalization`: as for
+      `eqopt.contrib.ScaleByMuon`.
     - `weight_decay`: $\lambda$ for the Muon group (multiplied by the learning rate).
     - `weight_decay_mask`: a filter spec of the Muon leaves to decay.
+    - `cautious_weight_decay`: decay only the entries whose update agrees
+      with them in sign (see `eqopt.AddDecayedWeights`), in both groups.
     - `adam_b1`, `adam_b2`, `adam_eps_root`, `adam_weight_decay`: AdamW's
       hyperparameters for the other leaves.
     - `adam_learning_rate`: AdamW's learning rate (default: `learning_rate`).
@@ -519,9 +545,12 @@ def muon(
             adaptive=adaptive,
             preconditioning=preconditioning,
             weight_dimension_numbers=spec,
+            orthogonalization=orthogonalization,
         ),
         ScaleByShape(weight_dimension_numbers=spec, consistent_rms=consistent_rms),
-        AddDecayedWeights(weight_decay, weight_decay_mask),
+        AddDecayedWeights(
+            weight_decay, weight_decay_mask, cautious=cautious_weight_decay
+        ),
         ScaleByLearningRate(learning_rate),
     )
     adam_part = adamw(
@@ -533,6 +562,7 @@ def muon(
         mu_dtype=mu_dtype,
         weight_decay=adam_weight_decay,
         nesterov=nesterov if adam_nesterov is None else adam_nesterov,
+        cautious_weight_decay=cautious_weight_decay,
     )
     return _matrices_and_the_rest("muon", muon_part, adam_part, spec)
 

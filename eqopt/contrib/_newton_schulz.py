@@ -11,6 +11,7 @@ from jaxtyping import Array, ArrayLike, Float
 from .._hyper import ScalarLike
 from .._sharding import gathered
 from ._dimension_numbers import matrix_view
+from ._gram_newton_schulz import gram_newton_schulz
 from ._polar_express import _polar_express_rows
 
 # Jordan (2024): the quintic whose slope at zero is largest while its iterates
@@ -31,8 +32,11 @@ _PRESETS = {
     "polar_express": _polar_express_rows(5),
 }
 _PRECONDITIONINGS = ("frobenius", "spectral", "aol", "schatten")
+# `orthogonalization=`: the standard iteration, or on the short side's Gram matrix.
+_ORTHOGONALIZATIONS = ("newton_schulz", "gram")
 
 Preconditioning = Literal["frobenius", "spectral", "aol", "schatten"]
+Orthogonalization = Literal["newton_schulz", "gram"]
 Coefficients = str | Sequence[ScalarLike] | Sequence[Sequence[ScalarLike]] | ArrayLike
 
 
@@ -48,8 +52,14 @@ def _as_coefficients(value: Coefficients) -> Float[Array | np.ndarray, "..."]:
 
 
 @no_type_check
-def _newton_schulz(x, coefficients, steps, preconditioning, eps):
+def _newton_schulz(
+    x, coefficients, steps, preconditioning, eps, method="newton_schulz"
+):
     """Orthogonalises one matrix: $X \\mapsto U V^H$ approximately, for $X = U S V^H$."""
+    if method == "gram" and x.shape[0] != x.shape[1]:
+        rows = coefficients.astype(x.dtype)
+        rows = [rows] * steps if rows.ndim == 1 else list(rows)
+        return gram_newton_schulz(x, rows, preconditioning, eps)
     transposed = x.shape[0] > x.shape[1]
     if transposed:  # iterate on the smaller Gram matrix
         x = x.T
@@ -83,14 +93,23 @@ def _newton_schulz(x, coefficients, steps, preconditioning, eps):
 
 
 @no_type_check
-def orthogonalize(x, dimension_numbers, coefficients, steps, preconditioning, eps):
-    """Newton–Schulz orthogonalisation of each matrix of `x` under its dimension numbers."""
+def orthogonalize(
+    x,
+    dimension_numbers,
+    coefficients,
+    steps,
+    preconditioning,
+    eps,
+    method="newton_schulz",
+):
+    """Newton–Schulz orthogonalisation of each matrix of `x` under its dimension numbers
+    (`method="gram"`: on the Gram matrix of each non-square matrix's short side)."""
     # Under explicit sharding the iteration runs on the gathered matrix (its
     # matmuls contract every dimension) and the result is sharded like `x`.
     x, shard_like_x = gathered(x)
     to_matrix, from_matrix = matrix_view(x.shape, dimension_numbers)
     matrices = to_matrix(x)
     out = jax.vmap(
-        lambda m: _newton_schulz(m, coefficients, steps, preconditioning, eps)
+        lambda m: _newton_schulz(m, coefficients, steps, preconditioning, eps, method)
     )(matrices)
     return shard_like_x(from_matrix(out).astype(x.dtype))

@@ -39,8 +39,10 @@ from ._dimension_numbers import (
 from ._muon import MuonDimensionNumbers, _matrices_and_the_rest
 from ._newton_schulz import (
     _DEFAULT_NS_COEFFS,
+    _ORTHOGONALIZATIONS,
     _PRECONDITIONINGS,
     Coefficients,
+    Orthogonalization,
     Preconditioning,
     _as_coefficients,
     orthogonalize,
@@ -114,8 +116,8 @@ class ScaleByNorMuon(AbstractGradientTransformation):
 
     **Arguments:**
 
-    - `ns_coeffs`, `ns_steps`, `preconditioning`: as for
-      `eqopt.contrib.ScaleByMuon` (`"polar_express"` included).
+    - `ns_coeffs`, `ns_steps`, `preconditioning`, `orthogonalization`: as
+      for `eqopt.contrib.ScaleByMuon` (`"polar_express"`, `"gram"` included).
     - `beta`: $\beta_1$, the momentum decay.
     - `b2`: $\beta_2$, the decay of the neuron-wise second moment.
     - `eps`: $\epsilon$.
@@ -143,9 +145,17 @@ class ScaleByNorMuon(AbstractGradientTransformation):
     preconditioning: Preconditioning = eqx.field(default="frobenius", static=True)
     consistent_rms: Scalar | None = eqx.field(default=0.2, converter=as_optional_scalar)
     weight_dimension_numbers: Any = None
+    orthogonalization: Orthogonalization = eqx.field(
+        default="newton_schulz", static=True
+    )
 
     def __check_init__(self):
         check_decays(self, "beta", "b2")
+        if self.orthogonalization not in _ORTHOGONALIZATIONS:
+            raise ValueError(
+                f"ScaleByNorMuon: `orthogonalization` must be one of "
+                f"{_ORTHOGONALIZATIONS}, got {self.orthogonalization!r}."
+            )
         check_hyperparameter("eps", self.eps, low=0.0)
         if self.preconditioning not in _PRECONDITIONINGS:
             raise ValueError(
@@ -224,6 +234,7 @@ class ScaleByNorMuon(AbstractGradientTransformation):
                 self.ns_steps,
                 self.preconditioning,
                 eps,
+                self.orthogonalization,
             )
             return o, mu_next.astype(mu.dtype)
 
@@ -291,6 +302,7 @@ def scale_by_normuon(
     preconditioning: Preconditioning = "frobenius",
     consistent_rms: ScalarLike | None = 0.2,
     weight_dimension_numbers: Any = None,
+    orthogonalization: Orthogonalization = "newton_schulz",
 ) -> ScaleByNorMuon:
     """Lowercase spelling of `eqopt.contrib.ScaleByNorMuon`."""
     return ScaleByNorMuon(
@@ -304,6 +316,7 @@ def scale_by_normuon(
         preconditioning=preconditioning,
         consistent_rms=consistent_rms,
         weight_dimension_numbers=weight_dimension_numbers,
+        orthogonalization=orthogonalization,
     )
 
 
@@ -328,6 +341,7 @@ def normuon(
     adam_weight_decay: ScalarOrSchedule = 0.0,
     adam_learning_rate: ScalarOrSchedule | None = None,
     normuon_weight_dimension_numbers: Any = None,
+    orthogonalization: Orthogonalization = "newton_schulz",
 ) -> Partition:
     r"""NorMuon for the matrices, AdamW for every other leaf.
 
@@ -350,7 +364,7 @@ def normuon(
 
     - `learning_rate`: $\eta$ for the NorMuon group, a number or a schedule.
     - `ns_coeffs`, `ns_steps`, `beta`, `b2`, `eps`, `mu_dtype`, `nesterov`,
-      `preconditioning`, `consistent_rms`: as for
+      `preconditioning`, `consistent_rms`, `orthogonalization`: as for
       `eqopt.contrib.ScaleByNorMuon`.
     - `weight_decay`, `weight_decay_mask`: $\lambda$ and the filter spec of
       the NorMuon leaves to decay.
@@ -386,6 +400,7 @@ def normuon(
             preconditioning=preconditioning,
             consistent_rms=consistent_rms,
             weight_dimension_numbers=spec,
+            orthogonalization=orthogonalization,
         ),
         AddDecayedWeights(weight_decay, weight_decay_mask),
         ScaleByLearningRate(learning_rate),

@@ -7,6 +7,7 @@ from typing import Any
 
 import equinox as eqx
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, PyTree, Real, Shaped
 
 from .._numerics import abs_squared
@@ -396,6 +397,13 @@ def size(tree: PyTree) -> int:
     return builtins.sum(int(jnp.size(x)) for x in array_leaves(tree))
 
 
+def _is_number(x: Any) -> bool:
+    """A Python or NumPy number other than a bool."""
+    return isinstance(x, (int, float, complex, np.number)) and not isinstance(
+        x, (bool, np.bool_)
+    )
+
+
 @checked
 def allclose(
     a: PyTree,
@@ -410,9 +418,9 @@ def allclose(
 
     **Arguments:**
 
-    - `a`, `b`: pytrees of the same structure. Array leaves are compared with
-      `jnp.allclose`; other leaves must be equal (`==`); a `None` matches only
-      `None`.
+    - `a`, `b`: pytrees of the same structure. Array leaves, and Python or
+      NumPy numbers on both sides, are compared with `jnp.allclose`; other
+      leaves must be equal (`==`); a `None` matches only `None`.
     - `rtol`, `atol`: the relative and absolute tolerances.
     - `equal_nan`: whether NaNs in the same place count as equal.
 
@@ -428,7 +436,7 @@ def allclose(
             if x is not y:
                 return jnp.asarray(False)
             continue
-        if eqx.is_array(x) or eqx.is_array(y):
+        if eqx.is_array(x) or eqx.is_array(y) or (_is_number(x) and _is_number(y)):
             check_operand("allclose", path, "a", x)
             check_operand("allclose", path, "b", y)
             check_broadcast("allclose", path, ["a", "b"], [x, y])

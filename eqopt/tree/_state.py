@@ -8,9 +8,10 @@ import equinox as eqx
 import jax
 from jaxtyping import PyTree
 
-from .._optax_tuple import not_stored, optax_aliases
+from .._optax_tuple import OptaxTuple, not_stored, optax_aliases
 from .._quantize import dequantize_all
 from .._typecheck import checked
+from ._keys import NamedTupleKey
 from ._paths import KeyPath, children, is_none, path_str
 
 Filtering = Callable[[KeyPath, Any], bool]
@@ -37,14 +38,22 @@ class _NoName:
 _NO_NAME = _NoName()
 
 
-def _walk(node: Any, path: KeyPath, names: tuple[Any, ...]):
-    """Yields `(path, node, names)` for every node, parents first.
+def _walk(
+    node: Any,
+    path: KeyPath,
+    names: tuple[Any, ...],
+    optax_keys: bool = False,
+    shown: KeyPath = (),
+):
+    """Yields `(path, node, names, shown)` for every node, parents first.
 
     `names` are the names a node is stored under: its field name or dict key,
     and Optax's names for that field of its parent's class (`count_m2` for
-    AdEMAMix's `count`), so Optax's field names find eqopt's fields.
+    AdEMAMix's `count`), so Optax's field names find eqopt's fields. `shown` is
+    the path as Optax spells it when `optax_keys` (`NamedTupleKey` for the field
+    of a state with Optax's tuple protocol, or of a NamedTuple), else `path`.
     """
-    yield path, node, names
+    yield path, node, names, shown if optax_keys else path
     level = children(node)
     if level is None:
         return
@@ -53,7 +62,28 @@ def _walk(node: Any, path: KeyPath, names: tuple[Any, ...]):
         name = _key_name(key)
         child_names = () if isinstance(name, _NoName) else (name,)
         child_names += tuple(alias for alias, field in aliases.items() if field == name)
-        yield from _walk(child, (*path, key), child_names)
+        yield from _walk(
+            child,
+            (*path, key),
+            child_names,
+            optax_keys,
+            (*shown, _optax_key(node, key)) if optax_keys else (),
+        )
+
+
+def _optax_key(parent: Any, key: Any) -> Any:
+    """The key Optax's paths have for `parent`'s child at `key`.
+
+    Optax's states are NamedTuples, whose fields its paths name with a
+    `NamedTupleKey` (class name and field); eqopt's state Modules with the same
+    tuple protocol get one too. Every other key is JAX's.
+    """
+    is_tuple_state = isinstance(parent, OptaxTuple) or (
+        isinstance(parent, tuple) and hasattr(parent, "_fields")
+    )
+    if is_tuple_state and isinstance(key, jax.tree_util.GetAttrKey):
+        return NamedTupleKey(type(parent).__name__, key.name)
+    return key
 
 
 def _matches(key: Any, node: Any, names: tuple[Any, ...]) -> bool:
@@ -66,7 +96,7 @@ def _names_in(tree: Any) -> list[str]:
     """Every field name and string dict key of a pytree, sorted."""
     found = {
         name
-        for _, _, names in _walk(tree, (), ())
+        for _, _, names, _ in _walk(tree, (), ())
         for name in names
         if isinstance(name, str)
     }
@@ -75,7 +105,7 @@ def _names_in(tree: Any) -> list[str]:
 
 def _not_stored_note(tree: Any, key: Any) -> str | None:
     """Why eqopt keeps no value under Optax's field name `key`, if it is one."""
-    for _, node, _ in _walk(tree, (), ()):
+    for _, node, _, _ in _walk(tree, (), ()):
         reason = not_stored(type(node)).get(key) if isinstance(key, str) else None
         if reason is not None:
             return (
@@ -126,10 +156,20 @@ def get_all_with_path(
         [(jax.tree_util.keystr(path), value) for path, value in found]
         ```
     """
+    return [(path, node) for path, _, node in find(tree, key, filtering)]
+
+
+def find(
+    tree: Any, key: Any, filtering: Filtering | None, optax_keys: bool = False
+) -> list[tuple[KeyPath, KeyPath, Any]]:
+    """`(path, shown path, value)` of every match (see `get_all_with_path`).
+
+    `filtering` sees the shown path: JAX's keys, or Optax's with `optax_keys`.
+    """
     return [
-        (path, node)
-        for path, node, names in _walk(tree, (), ())
-        if _matches(key, node, names) and (filtering is None or filtering(path, node))
+        (path, shown, node)
+        for path, node, names, shown in _walk(tree, (), (), optax_keys)
+        if _matches(key, node, names) and (filtering is None or filtering(shown, node))
     ]
 
 
@@ -165,15 +205,26 @@ def get(
         mu = eqopt.tree.get(state, "mu")              # the Adam moment inside a chain
         ```
     """
-    found = get_all_with_path(tree, key, filtering)
+    return get_one(tree, key, default, filtering)
+
+
+def get_one(
+    tree: Any,
+    key: Any,
+    default: Any = None,
+    filtering: Filtering | None = None,
+    optax_keys: bool = False,
+) -> Any:
+    """`get`, with `filtering` seeing Optax's paths when `optax_keys`."""
+    found = find(tree, key, filtering, optax_keys)
     if len(found) == 1:
-        return dequantize_all(found[0][1])
+        return dequantize_all(found[0][2])
     if not found:
         note = _not_stored_note(tree, key)
         if note is not None:
             raise KeyError(f"get: {note}")
         return default
-    paths = ", ".join(path_str(path) for path, _ in found)
+    paths = ", ".join(path_str(path) for path, _, _ in found)
     raise KeyError(
         f"get: found {len(found)} values under {key!r}"
         + _filter_note(filtering)
@@ -226,9 +277,19 @@ def set(tree: PyTree, filtering: Filtering | None = None, /, **kwargs: Any) -> P
         state = eqopt.tree.set(state, learning_rate=jnp.asarray(1e-4))
         ```
     """
+    return set_all(tree, filtering, kwargs)
+
+
+def set_all(
+    tree: Any,
+    filtering: Filtering | None,
+    values: dict[str, Any],
+    optax_keys: bool = False,
+) -> Any:
+    """`set`, with `filtering` seeing Optax's paths when `optax_keys`."""
     replacements: dict[KeyPath, Any] = {}
-    for key, value in kwargs.items():
-        found = get_all_with_path(tree, key, filtering)
+    for key, value in values.items():
+        found = find(tree, key, filtering, optax_keys)
         if not found:
             note = _not_stored_note(tree, key)
             raise KeyError(
@@ -238,7 +299,7 @@ def set(tree: PyTree, filtering: Filtering | None = None, /, **kwargs: Any) -> P
                 + _filter_note(filtering)
                 + f"; the names in the tree are {_names_in(tree)}."
             )
-        for path, _ in found:
+        for path, _, _ in found:
             replacements[path] = value
     # Keep only the outermost of nested matches.
     outermost = {

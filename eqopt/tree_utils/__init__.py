@@ -1,8 +1,10 @@
 """Optax's `optax.tree_utils`: the functions of `eqopt.tree` under their `tree_*` names.
 
-Each name is the same object as `eqopt.tree`'s (`tree_norm` is `eqopt.tree.norm`,
-`tree_get` is `eqopt.tree.get`), so code written against `optax.tree_utils`
-runs unchanged. eqopt's own docs use the short names of `eqopt.tree`.
+Each name is the same object as `eqopt.tree`'s (`tree_norm` is `eqopt.tree.norm`),
+so code written against `optax.tree_utils` runs unchanged, except `tree_get`,
+`tree_set` and `tree_get_all_with_path`: they find what `eqopt.tree.get`, `set`
+and `get_all_with_path` find, with Optax's paths (a `NamedTupleKey` for the
+field of a state). eqopt's own docs use the short names of `eqopt.tree`.
 """
 
 from .._numerics import (
@@ -24,6 +26,7 @@ from ..tree._creation import (
     unwrap_random_key_data as tree_unwrap_random_key_data,
     zeros_like as tree_zeros_like,
 )
+from ..tree._keys import NamedTupleKey as NamedTupleKey
 from ..tree._math import (
     add as tree_add,
     add_scale as tree_add_scale,
@@ -44,13 +47,12 @@ from ..tree._math import (
     vdot as tree_vdot,
     where as tree_where,
 )
-from ..tree._state import (
-    get as tree_get,
-    get_all_with_path as tree_get_all_with_path,
-    map_params as tree_map_params,
-    set as tree_set,
+from ..tree._state import map_params as tree_map_params
+from ._state import (
+    tree_get as tree_get,
+    tree_get_all_with_path as tree_get_all_with_path,
+    tree_set as tree_set,
 )
-from ._keys import NamedTupleKey as NamedTupleKey
 
 __all__ = [
     "NamedTupleKey",

@@ -9,10 +9,10 @@ class NamedTupleKey:
 
     Optax's `tree_get_all_with_path` names a NamedTuple's field in a path with
     this key, so a `filtering(path, value)` function can tell apart the fields
-    of two states by their class. eqopt's functions give JAX's own keys
-    (`jax.tree_util.GetAttrKey` for a field of a state Module or of a
-    NamedTuple); this class is here for code that builds or matches Optax's
-    keys.
+    of two states by their class. `eqopt.tree_utils.tree_get_all_with_path`,
+    `tree_get` and `tree_set` name the field of an eqopt state (or of a
+    NamedTuple) with it too; `eqopt.tree`'s functions give JAX's own keys
+    (`jax.tree_util.GetAttrKey`).
 
     **Arguments:**
 
