@@ -29,16 +29,19 @@ from .._quantize import MomentDType, cast_moment, moment_like
 from .._transform.basic import ScaleByLearningRate
 from .._transform.decay import AddDecayedWeights
 from .._typecheck import checked
-from ._dimension_numbers import layer_oriented, matrix_view, resolve_dimension_numbers
-from ._muon import MuonDimensionNumbers, _is_matrix, _matrices_and_the_rest
+from ._dimension_numbers import matrix_view
+from ._muon import (
+    _is_matrix,
+    _matrices_and_the_rest,
+    matrix_dimension_numbers,
+)
 from ._newton_schulz import (
     _DEFAULT_NS_COEFFS,
-    _ORTHOGONALIZATIONS,
-    _PRECONDITIONINGS,
     Coefficients,
     Orthogonalization,
     Preconditioning,
     _as_coefficients,
+    check_orthogonalizer,
     orthogonalize,
 )
 
@@ -132,36 +135,19 @@ class ScaleByAdaMuon(AbstractGradientTransformation):
     def __check_init__(self):
         check_decays(self, "beta", "b2")
         check_hyperparameter("eps", self.eps, low=0.0)
-        if self.preconditioning not in _PRECONDITIONINGS:
-            raise ValueError(
-                f"ScaleByAdaMuon: `preconditioning` must be one of "
-                f"{_PRECONDITIONINGS}, got {self.preconditioning!r}."
-            )
-        if self.orthogonalization not in _ORTHOGONALIZATIONS:
-            raise ValueError(
-                f"ScaleByAdaMuon: `orthogonalization` must be one of "
-                f"{_ORTHOGONALIZATIONS}, got {self.orthogonalization!r}."
-            )
-        if not isinstance(self.ns_steps, int) or self.ns_steps < 1:
-            raise ValueError(
-                f"ScaleByAdaMuon: `ns_steps` must be a positive int, got "
-                f"{self.ns_steps!r}."
-            )
+        check_orthogonalizer(
+            "ScaleByAdaMuon",
+            self.orthogonalization,
+            self.preconditioning,
+            self.ns_steps,
+        )
 
     @property
     def elementwise(self) -> bool:
         return False
 
     def _dimension_numbers(self, tree: Any) -> Any:
-        spec = self.weight_dimension_numbers
-        return resolve_dimension_numbers(
-            True if spec is None else spec,
-            tree,
-            MuonDimensionNumbers,
-            owner="AdaMuon",
-            batch_axes=True,
-            default=layer_oriented(tree, MuonDimensionNumbers),
-        )
+        return matrix_dimension_numbers(self.weight_dimension_numbers, tree, "AdaMuon")
 
     @init_entry
     def init(self, params: Params) -> AdaMuonState:

@@ -33,11 +33,13 @@ from .._transform.sign import lion
 from .._typecheck import checked
 from ._dimension_numbers import (
     fans,
-    layer_oriented,
     matrix_view,
-    resolve_dimension_numbers,
 )
-from ._muon import MuonDimensionNumbers, _is_matrix, _matrices_and_the_rest
+from ._muon import (
+    _is_matrix,
+    _matrices_and_the_rest,
+    matrix_dimension_numbers,
+)
 
 
 @checked
@@ -180,18 +182,8 @@ class ScaleByDion(AbstractGradientTransformation):
         return False
 
     def _dimension_numbers(self, tree: Any) -> Any:
-        spec = (
-            True
-            if self.weight_dimension_numbers is None
-            else self.weight_dimension_numbers
-        )
-        return resolve_dimension_numbers(
-            spec,
-            tree,
-            MuonDimensionNumbers,
-            owner="Dion",
-            batch_axes=False,
-            default=layer_oriented(tree, MuonDimensionNumbers),
+        return matrix_dimension_numbers(
+            self.weight_dimension_numbers, tree, "Dion", batch_axes=False
         )
 
     @init_entry

@@ -39,12 +39,11 @@ from ._dimension_numbers import (
 )
 from ._newton_schulz import (
     _DEFAULT_NS_COEFFS,
-    _ORTHOGONALIZATIONS,
-    _PRECONDITIONINGS,
     Coefficients,
     Orthogonalization,
     Preconditioning,
     _as_coefficients,
+    check_orthogonalizer,
     orthogonalize,
 )
 
@@ -196,25 +195,14 @@ class ScaleByMuon(AbstractGradientTransformation):
 
     def __check_init__(self):
         check_decays(self, "beta")
-        if self.orthogonalization not in _ORTHOGONALIZATIONS:
-            raise ValueError(
-                f"ScaleByMuon: `orthogonalization` must be one of "
-                f"{_ORTHOGONALIZATIONS}, got {self.orthogonalization!r}."
-            )
+        check_orthogonalizer(
+            "ScaleByMuon", self.orthogonalization, self.preconditioning, self.ns_steps
+        )
         check_hyperparameter("eps", self.eps, low=0.0)
         shape = self.ns_coeffs.shape
         if not (len(shape) == 1 and shape == (3,) or len(shape) == 2 and shape[1] == 3):
             raise ValueError(
                 f"ScaleByMuon: `ns_coeffs` must have shape (3,) or (n, 3), got {shape}."
-            )
-        if self.preconditioning not in _PRECONDITIONINGS:
-            raise ValueError(
-                f"ScaleByMuon: `preconditioning` must be one of {_PRECONDITIONINGS}, "
-                f"got {self.preconditioning!r}."
-            )
-        if not isinstance(self.ns_steps, int) or self.ns_steps < 1:
-            raise ValueError(
-                f"ScaleByMuon: `ns_steps` must be a positive int, got {self.ns_steps!r}."
             )
 
     @property
@@ -222,19 +210,7 @@ class ScaleByMuon(AbstractGradientTransformation):
         return False
 
     def _dimension_numbers(self, tree: Any) -> Any:
-        spec = (
-            True
-            if self.weight_dimension_numbers is None
-            else self.weight_dimension_numbers
-        )
-        return resolve_dimension_numbers(
-            spec,
-            tree,
-            MuonDimensionNumbers,
-            owner="Muon",
-            batch_axes=True,
-            default=layer_oriented(tree, MuonDimensionNumbers),
-        )
+        return matrix_dimension_numbers(self.weight_dimension_numbers, tree, "Muon")
 
     @init_entry
     def init(self, params: Params) -> MuonState:
@@ -409,6 +385,22 @@ class ScaleByShape(AbstractGradientTransformation):
             return factor * u
 
         return leafwise(step, updates, dims), state
+
+
+def matrix_dimension_numbers(
+    spec: Any, tree: Any, owner: str, batch_axes: bool = True
+) -> Any:
+    """The `MuonDimensionNumbers` (or `None`) of each leaf of `tree` for a
+    transform of Muon's family: `spec` resolved (`None`: every leaf it takes, as
+    its layer orients it, Optax's convention for a bare array)."""
+    return resolve_dimension_numbers(
+        True if spec is None else spec,
+        tree,
+        MuonDimensionNumbers,
+        owner=owner,
+        batch_axes=batch_axes,
+        default=layer_oriented(tree, MuonDimensionNumbers),
+    )
 
 
 def _is_matrix(x: Any) -> bool:

@@ -1,7 +1,7 @@
 """Newton–Schulz orthogonalisation, shared by Muon and NorMuon."""
 
 from collections.abc import Sequence
-from typing import Literal, no_type_check
+from typing import Any, Literal, no_type_check
 
 import jax
 import jax.numpy as jnp
@@ -113,3 +113,23 @@ def orthogonalize(
         lambda m: _newton_schulz(m, coefficients, steps, preconditioning, eps, method)
     )(matrices)
     return shard_like_x(from_matrix(out).astype(x.dtype))
+
+
+def check_orthogonalizer(
+    owner: str, orthogonalization: str, preconditioning: str, ns_steps: Any
+) -> None:
+    """Checks the static options of an orthogonalising transform, with one wording."""
+    if orthogonalization not in _ORTHOGONALIZATIONS:
+        raise ValueError(
+            f"{owner}: `orthogonalization` must be one of "
+            f"{_ORTHOGONALIZATIONS}, got {orthogonalization!r}."
+        )
+    if preconditioning not in _PRECONDITIONINGS:
+        raise ValueError(
+            f"{owner}: `preconditioning` must be one of "
+            f"{_PRECONDITIONINGS}, got {preconditioning!r}."
+        )
+    if not isinstance(ns_steps, int) or ns_steps < 1:
+        raise ValueError(
+            f"{owner}: `ns_steps` must be a positive int, got {ns_steps!r}."
+        )
