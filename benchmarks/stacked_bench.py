@@ -36,7 +36,6 @@ moved by other jobs on the machine), and the first call's ratio.
 import argparse
 import gc
 import json
-import math
 import os
 import platform
 import statistics
@@ -59,6 +58,9 @@ from bench_report import (  # noqa: E402
     markdown_table,
     stderr_log,
 )
+
+# The same transformer block as the parameter-groups benchmark's.
+from param_groups_bench import Block, _dense, _norm  # noqa: E402
 
 import eqopt  # noqa: E402
 
@@ -85,46 +87,6 @@ PERIOD = 10
 #: grow into different steps (likely through the eigenbases of rank-deficient
 #: Gram matrices: a 192x64 gradient's 192x192 `G G^T`).
 CHECK_TOLERANCE = {"muon": 1e-3, "soap": None}
-
-
-def _dense(layer, x):
-    return x @ layer.weight.T + layer.bias
-
-
-def _norm(layer, x):
-    mean = jnp.mean(x, -1, keepdims=True)
-    var = jnp.var(x, -1, keepdims=True)
-    return (x - mean) * jax.lax.rsqrt(var + layer.eps) * layer.weight + layer.bias
-
-
-class Block(eqx.Module):
-    ln1: eqx.nn.LayerNorm
-    qkv: eqx.nn.Linear
-    out: eqx.nn.Linear
-    ln2: eqx.nn.LayerNorm
-    mlp_in: eqx.nn.Linear
-    mlp_out: eqx.nn.Linear
-    heads: int = eqx.field(static=True)
-
-    def __init__(self, width, heads, key):
-        k1, k2, k3, k4 = jax.random.split(key, 4)
-        self.ln1 = eqx.nn.LayerNorm(width)
-        self.qkv = eqx.nn.Linear(width, 3 * width, key=k1)
-        self.out = eqx.nn.Linear(width, width, key=k2)
-        self.ln2 = eqx.nn.LayerNorm(width)
-        self.mlp_in = eqx.nn.Linear(width, 4 * width, key=k3)
-        self.mlp_out = eqx.nn.Linear(4 * width, width, key=k4)
-        self.heads = heads
-
-    def __call__(self, x, mask):
-        qkv = _dense(self.qkv, _norm(self.ln1, x))
-        q, k, v = jnp.split(qkv.reshape(*x.shape[:-1], 3 * self.heads, -1), 3, -2)
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
-        scores = jnp.where(mask, scores, -1e9)
-        attended = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores), v)
-        x = x + _dense(self.out, attended.reshape(x.shape))
-        h = jax.nn.gelu(_dense(self.mlp_in, _norm(self.ln2, x)))
-        return x + _dense(self.mlp_out, h)
 
 
 class Transformer(eqx.Module):
