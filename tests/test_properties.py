@@ -168,7 +168,14 @@ def test_registry_properties_on_random_models(case_index, data):
     buffer = io.BytesIO()
     eqx.tree_serialise_leaves(buffer, state)
     buffer.seek(0)
-    like = jax.tree.map(lambda x: jnp.zeros_like(x) if eqx.is_array(x) else x, state)
+    # Zeros laid out as each leaf is (`jnp.zeros_like` of an array in host memory
+    # fails outside `jit` in JAX 0.10: "Memory kind mismatch").
+    like = jax.tree.map(
+        lambda x: jax.device_put(jnp.zeros(x.shape, x.dtype), x.sharding)
+        if eqx.is_array(x)
+        else x,
+        state,
+    )
     restored = eqx.tree_deserialise_leaves(buffer, like)
     for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state), strict=True):
         if eqx.is_array(a):
