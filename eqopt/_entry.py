@@ -39,10 +39,10 @@ In order, for `update`:
 5. **The type check** of the method's annotations (`eqopt._typecheck`):
    jaxtyping and beartype, built on the first call, one short error.
 
-Steps 0, 3 and 5 run when the call comes from outside eqopt
-(`eqopt._typecheck.called_from_eqopt`): a chain calling its parts passes on
-what its own entry checked. `init` runs steps 0, 1, 4 and 5, and gives the
-`eqopt.PerformanceHint` (once per process) when called from outside eqopt.
+Steps 0, 3 and 5 run in the outermost eqopt call only
+(`eqopt._typecheck.nested_call`): a chain calling its parts passes on what
+its own entry checked. `init` runs steps 0, 1, 4 and 5, and gives the
+`eqopt.PerformanceHint` (once per process) when it is the outermost call.
 
 An input error (an `eqopt.ArgumentTypeError`, or the `ValueError` of a
 path check) is raised again from the outermost entry's frame, so a user's
@@ -70,12 +70,12 @@ from ._hyper import check_hyperparameters, weak_hyperparameters
 from ._leaves import InputError, drop_float0, is_none, outside_eqopt
 from ._quantize import is_quantized, with_lookup
 from ._typecheck import (
+    RUNNING,
     ArgumentTypeError,
     ArgumentValueError,
-    called_from_eqopt,
-    caller_is_eqopt,
     checked,
     lazily_checked,
+    nested_call,
 )
 
 _Method = TypeVar("_Method", bound=Callable)
@@ -91,7 +91,7 @@ def init_entry(method: _Method) -> _Method:
 
     Before the method's body: the transform's hyperparameters weakly typed (a
     number never promotes `bfloat16`), the method's annotations checked when
-    the call comes from outside eqopt, packed params (`eqopt.pack`)
+    it is the outermost eqopt call, packed params (`eqopt.pack`)
     unpacked for a transform that does not run on buffers, and the
     `eqopt.PerformanceHint` of the outermost `init`. Use it on the `init`
     of your own transforms (see "Writing your own transform").
@@ -121,18 +121,20 @@ def init_entry(method: _Method) -> _Method:
     @functools.wraps(method)
     def init(self, params):
         given, self = self, weak_hyperparameters(self)
-        if called_from_eqopt(1):
+        if nested_call():
             # A part's `init`, called by its chain or wrapper.
             return _init(method, self, params)
-        if not caller_is_eqopt(1):  # the outermost `init`
-            _hint_bucketing(self, params)
+        token = RUNNING.set(True)  # the outermost `init`
         try:
+            _hint_bucketing(self, params)
             check_hyperparameters(given)
             return _init(check, self, params)
         except _INPUT_ERRORS as error:
             if _FULL_TRACEBACKS:
                 raise
             raise error.with_traceback(None) from None
+        finally:
+            RUNNING.reset(token)
 
     init.__eqopt_entry__ = "init"  # pyright: ignore[reportAttributeAccessIssue]
     return init  # pyright: ignore[reportReturnType]
@@ -143,7 +145,7 @@ def update_entry(method: _Method) -> _Method:
     """Decorates a transform's `update`: the entry of every eqopt transform's `update`.
 
     Before the method's body: the transform's hyperparameters weakly typed,
-    `float0` gradients dropped, and, when the call comes from outside eqopt,
+    `float0` gradients dropped, and, in the outermost eqopt call,
     the method's annotations checked and `updates` checked against `params`
     (one error naming the first leaf that differs); packed params
     (`eqopt.pack`) are unpacked for a transform that does not run on
@@ -161,10 +163,11 @@ def update_entry(method: _Method) -> _Method:
         if updates is None and params is not None and self.params_like_updates:
             # No gradient at all: `None` at every leaf, which is not trained.
             updates = jax.tree.map(lambda _: None, params, is_leaf=is_none)
-        if called_from_eqopt(1):
+        if nested_call():
             # A part's `update`, called by its chain or wrapper with what the
             # outer entry checked.
             return _update(method, self, updates, state, params, extra_args)
+        token = RUNNING.set(True)  # the outermost `update`
         try:
             check_hyperparameters(given)
             if self.params_like_updates:
@@ -176,6 +179,8 @@ def update_entry(method: _Method) -> _Method:
             if _FULL_TRACEBACKS:
                 raise
             raise error.with_traceback(None) from None
+        finally:
+            RUNNING.reset(token)
 
     update.__eqopt_entry__ = "update"  # pyright: ignore[reportAttributeAccessIssue]
     return update  # pyright: ignore[reportReturnType]

@@ -23,12 +23,12 @@ What `@checked` adds to `jaxtyping.jaxtyped(typechecker=beartype)`:
   a suggestion for a misspelt keyword.
 """
 
+import contextvars
 import dataclasses
 import difflib
 import functools
 import inspect
 import re
-import sys
 import types
 import typing
 from collections.abc import Callable
@@ -241,39 +241,24 @@ def call_error(
     return TypeError(f"{owner}() {message}")
 
 
-#: Whether a check also runs when eqopt's own code makes the call. Off in a
-#: user's process: eqopt checks what a user passes it, once, where they pass it
-#: (a chain's parts, called by the chain, are given what the chain was given and
-#: checked). The test suite turns it on, so eqopt's own calls are checked there.
-CHECK_CALLS_FROM_EQOPT = False
-
-
-#: Modules whose calls pass on what the user gave them (an optimiser wrapped for
-#: Optax's protocol, a train state, a ZeRO plan): their calls into eqopt are the
-#: user's, and are checked as such.
-_PASSING_ON_USER_CALLS = frozenset(
-    {"eqopt._interop", "eqopt._train_state", "eqopt._zero_plan"}
+#: Whether an eqopt call is running in this context: set by the outermost
+#: checked call (a public function, a constructor, a transform's `init` or
+#: `update`) for as long as it runs. A call made meanwhile (a chain calling its
+#: parts, a factory building its transforms, a transform building its state)
+#: passes on what the outermost call checked, and is not checked again. The
+#: rule is the same in a user's process and in the tests: it does not ask who
+#: the caller is, only whether an eqopt call is already running. Modules that
+#: pass on a user's call (a `TrainState`, a ZeRO plan, `to_optax`'s wrapper) are
+#: not checked calls themselves, so the optimiser they call checks what they
+#: pass on.
+RUNNING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "eqopt_call_running", default=False
 )
 
 
-def caller_is_eqopt(depth: int) -> bool:
-    """Whether the caller `depth` frames above this function's caller is eqopt's own code.
-
-    Frames of Equinox (a method bound to a Module is called through it) are
-    passed over; the modules that pass on a user's call do not count.
-    """
-    frame = sys._getframe(depth + 1)
-    name = frame.f_globals.get("__name__", "")
-    while name.startswith("equinox.") and frame.f_back is not None:
-        frame = frame.f_back
-        name = frame.f_globals.get("__name__", "")
-    return name.startswith("eqopt.") and name not in _PASSING_ON_USER_CALLS
-
-
-def called_from_eqopt(depth: int) -> bool:
-    """Whether to skip the check of a call: made by eqopt's own code, and the
-    checks of such calls are off (`CHECK_CALLS_FROM_EQOPT`)."""
-    return not CHECK_CALLS_FROM_EQOPT and caller_is_eqopt(depth + 1)
+def nested_call() -> bool:
+    """Whether an eqopt call is already running (this one passes on its checks)."""
+    return RUNNING.get()
 
 
 def run_checked(
@@ -310,37 +295,61 @@ def lazily_checked(fn: Callable, owner: str) -> Callable:
     return check
 
 
-def checked_function(fn: Callable) -> Callable:
-    """`fn` checked on calls from outside eqopt (`lazily_checked`)."""
+def checked_function(fn: Callable, *, always: bool = False) -> Callable:
+    """`fn` checked when it is the outermost eqopt call (`lazily_checked`,
+    `nested_call`), or on every call with `always=True` (the test suite's
+    check of private helpers, which leaves the running call as it is)."""
     checked = lazily_checked(fn, fn.__name__)
 
-    @functools.wraps(fn)
-    def check(*args, **kwargs):
-        if called_from_eqopt(1):
-            return fn(*args, **kwargs)
-        return checked(*args, **kwargs)
+    if always:
+
+        @functools.wraps(fn)
+        def check(*args, **kwargs):
+            return checked(*args, **kwargs)
+
+    else:
+
+        @functools.wraps(fn)
+        def check(*args, **kwargs):
+            if RUNNING.get():
+                return fn(*args, **kwargs)
+            token = RUNNING.set(True)
+            try:
+                return checked(*args, **kwargs)
+            finally:
+                RUNNING.reset(token)
 
     check.__eqopt_checked__ = True  # pyright: ignore[reportAttributeAccessIssue]
     return check
 
 
-def _name_call_errors(cls: type, unchecked: Callable) -> None:
+def _name_call_errors(cls: type, unchecked: Callable, always: bool) -> None:
     # `cls.__init__` is jaxtyping's wrapper: a call that does not bind gets
-    # Python's wording, naming the class (see `call_error`). eqopt's own
-    # constructions (a state made in `update`) call `unchecked`.
+    # Python's wording, naming the class (see `call_error`). Constructions made
+    # while an eqopt call runs (a state made in `update`) call `unchecked`.
     init = cls.__init__
 
     @functools.wraps(init)
     def named(self, *args, **kwargs):
-        if called_from_eqopt(1):
+        if always:
+            return run_checked(init, init, (self, *args), kwargs, cls.__name__)
+        if RUNNING.get():
             return unchecked(self, *args, **kwargs)
-        return run_checked(init, init, (self, *args), kwargs, cls.__name__)
+        token = RUNNING.set(True)
+        try:
+            return run_checked(init, init, (self, *args), kwargs, cls.__name__)
+        finally:
+            RUNNING.reset(token)
 
     cls.__init__ = named  # pyright: ignore
 
 
-def checked_class(cls: type) -> type:
+def checked_class(cls: type, *, always: bool = False) -> type:
     """`jaxtyped(typechecker=typechecker)(cls)`, applied at the first instantiation.
+
+    The constructor is checked when it is the outermost eqopt call
+    (`nested_call`), or on every call with `always=True` (the test suite's
+    check of private classes).
 
     For a dataclass (every Module) `jaxtyped` wraps `__init__` to check the
     fields once it has run. Until the first instance is made, a placeholder
@@ -362,7 +371,7 @@ def checked_class(cls: type) -> type:
                 cls.__init__ = own  # pyright: ignore
             unchecked = cls.__init__
             jaxtyping.jaxtyped(typechecker=typechecker)(cls)
-            _name_call_errors(cls, unchecked)
+            _name_call_errors(cls, unchecked, always)
         return cls.__init__(self, *args, **kwargs)  # pyright: ignore
 
     cls.__init__ = placeholder  # pyright: ignore

@@ -1,6 +1,6 @@
 """The ZeRO-1 plan of a training run: `eqopt.zero_plan` and `eqopt.ZeroPlan`.
 
-`zero_plan` applies the rule of `eqopt/_zero.py` to the params too and reads
+`zero_plan` applies the rule of `eqopt/_zero_rule.py` to the params too and reads
 the state's layout from `init` on explicitly sharded stand-ins
 (`_abstract_state`), so that a state leaf made from a parameter (a moment,
 L-BFGS's stack of past differences, a packed buffer) is split like the
@@ -18,18 +18,17 @@ from ._fused._bucketed import Bucketed
 from ._sharding import abstract_init
 from ._typecheck import checked
 from ._wrappers.offload import Offload
-from ._zero import (
+from ._zero import constrain, zero_shardings
+from ._zero_rule import (
     MIN_SIZE,
-    _axes,
-    _axis_size,
-    _entries,
-    _is_array_like,
-    _padded,
-    _plan,
-    _reasons,
-    _shardings,
-    constrain,
-    zero_shardings,
+    axes_of,
+    axis_size,
+    entries_of,
+    is_array_like,
+    pad_quantized,
+    plan_leaves,
+    reasons_of,
+    shardings_of,
 )
 
 
@@ -37,9 +36,9 @@ def _shardings_of(tree: Any, mesh: Mesh) -> Any:
     """The sharding of each array of `tree` on `mesh` (replicated where it has none)."""
 
     def sharding(x):
-        if not _is_array_like(x):
+        if not is_array_like(x):
             return None
-        entries = _entries(getattr(x, "sharding", None), mesh, len(x.shape))
+        entries = entries_of(getattr(x, "sharding", None), mesh, len(x.shape))
         return NamedSharding(mesh, PartitionSpec(*entries))
 
     return jax.tree.map(sharding, tree, is_leaf=lambda x: x is None)
@@ -141,7 +140,7 @@ class ZeroPlan(eqx.Module):
         def build(opt_arrays, arrays):
             transform = eqx.combine(opt_arrays, opt_rest)
             state = transform.init(eqx.combine(arrays, rest))
-            state = constrain(self._padded(state), self.state_shardings)
+            state = constrain(self.pad_quantized(state), self.state_shardings)
             dynamic, outside["static"] = eqx.partition(state, eqx.is_array)
             leaves, outside["treedef"] = jax.tree.flatten(dynamic)
             return leaves
@@ -156,13 +155,13 @@ class ZeroPlan(eqx.Module):
         """An existing `state` moved onto (outside `jit`) or constrained to (inside)
         the ZeRO layout (its quantised moments padded to this plan's rows of
         codes: a state built by `opt.init`, or padded for another mesh)."""
-        return constrain(self._padded(state), self.state_shardings)
+        return constrain(self.pad_quantized(state), self.state_shardings)
 
-    def _padded(self, state: Any) -> Any:
-        # Rows of codes to a multiple of the axis size (`_padded`); nothing is
+    def pad_quantized(self, state: Any) -> Any:
+        # Rows of codes to a multiple of the axis size (`pad_quantized`); nothing is
         # computed for a state that has them already.
-        size = _axis_size(self.mesh, _axes(self.axis), "ZeroPlan")
-        return _padded(state, size, self.min_size)
+        size = axis_size(self.mesh, axes_of(self.axis), "ZeroPlan")
+        return pad_quantized(state, size, self.min_size)
 
     def update(
         self, opt: Any, updates: Any, state: Any, params: Any = None, **extra_args: Any
@@ -180,7 +179,7 @@ class ZeroPlan(eqx.Module):
         # all-reduce with this into a reduce-scatter), so that every array the
         # update combines is laid out alike.
         updates = constrain(updates, self.split_param_shardings)
-        state = constrain(self._padded(state), self.state_shardings)
+        state = constrain(self.pad_quantized(state), self.state_shardings)
         if params is not None:
             params = constrain(params, self.split_param_shardings)
         extra_args = {
@@ -234,13 +233,15 @@ def zero_plan(
 
     An `eqopt.ZeroPlan`.
     """
-    axes = _axes(axis)
-    size = _axis_size(mesh, axes, "zero_plan")
+    axes = axes_of(axis)
+    size = axis_size(mesh, axes, "zero_plan")
     param_shardings = _shardings_of(params, mesh)
     split_params = zero_shardings(params, mesh, axes, min_size=min_size)
-    abstract = _padded(_abstract_state(opt, params, split_params, mesh), size, min_size)
-    plans = _plan(abstract, mesh, axes, min_size, "zero_plan")
-    state_shardings = _shardings(plans)
+    abstract = pad_quantized(
+        _abstract_state(opt, params, split_params, mesh), size, min_size
+    )
+    plans = plan_leaves(abstract, mesh, axes, min_size, "zero_plan")
+    state_shardings = shardings_of(plans)
     abstract_state = jax.tree.map(
         lambda x, sharding: (
             jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
@@ -263,5 +264,5 @@ def zero_plan(
         split_param_shardings=split_params,
         state_shardings=state_shardings,
         abstract_state=abstract_state,
-        unsplit_leaves=_reasons(plans),
+        unsplit_leaves=reasons_of(plans),
     )

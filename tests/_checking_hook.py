@@ -24,13 +24,14 @@ _ALIAS = "_eqopt_hook_"
 
 
 def check_function(fn: Callable) -> Callable:
-    """`checked_function`, for a private helper."""
-    return checked_function(fn)
+    """`checked_function`, for a private helper: on every call (a helper is
+    called inside a running eqopt call, whose own checks pass it by)."""
+    return checked_function(fn, always=True)
 
 
 def check_class(cls: type) -> type:
-    """`checked_class`, for a private class."""
-    return checked_class(cls)
+    """`checked_class`, for a private class: on every construction."""
+    return checked_class(cls, always=True)
 
 
 _VISIBLE = ("checked", "init_entry", "update_entry")

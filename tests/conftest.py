@@ -16,11 +16,6 @@ import jaxtyping  # noqa: E402
 _checking_hook.install()
 
 import eqopt  # noqa: E402,F401
-import eqopt._typecheck  # noqa: E402
-
-# In a user's process eqopt's calls to its own public functions are not checked
-# again; here they are.
-eqopt._typecheck.CHECK_CALLS_FROM_EQOPT = True
 
 assert not jaxtyping.config.jaxtyping_disable, "tests must run with type checking on"
 

@@ -115,6 +115,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "eqopt.microbatching",
             "eqopt.transforms",
             "eqopt._zero",
+            "eqopt._zero_rule",
             "eqopt._zero_plan",
             "eqopt._param_groups",
         ),
