@@ -1,6 +1,13 @@
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+# The tests compile thousands of small programs and run each for microseconds:
+# XLA's backend optimisations (LLVM's) cost more compile time than they save
+# (skipping them took 30% off the CPU time of a compile-bound test file).
+# Subprocesses that run an example at full speed set their own flags.
+os.environ.setdefault(
+    "XLA_FLAGS",
+    "--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0",
+)
 
 import jax  # noqa: E402
 
