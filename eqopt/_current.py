@@ -1,8 +1,6 @@
 """Reading the hyperparameters an optimiser uses now: scheduled ones at the state's step."""
 
-import collections
 import dataclasses
-from collections.abc import Hashable
 from typing import Any, cast
 
 import equinox as eqx
@@ -10,14 +8,12 @@ import jax.numpy as jnp
 from jaxtyping import Array
 
 from ._base import AbstractGradientTransformation, OptState
-from ._combine import Chain, Partition
 from ._groups import DEFAULT
-from ._hyper import check_hyperparameters, is_hyperparameter_field, weakly_typed
-from ._param_groups import ParamGroups, ParamGroupsState
+from ._hyper import check_hyperparameters, weakly_typed
+from ._hyperparameters import Hyperparameter, describe, keyed
+from ._param_groups import ParamGroups, ParamGroupsState, hyperparameter_parts
 from ._scheduled import ScaleByScheduleState
 from ._typecheck import checked
-from ._wrappers.inject import InjectHyperparams, InjectStatefulHyperparams
-from ._wrappers.offload import Offload
 
 
 @checked
@@ -46,7 +42,13 @@ def current_hyperparams(
     hyperparameter, so adding a part elsewhere never renames it: log these.
     Where a name is used by one hyperparameter only, it is also under that
     name alone (`"learning_rate"`), a shortcut that disappears once another
-    part with a hyperparameter of the same name is added.
+    part with a hyperparameter of the same name is added. The groups of
+    `eqopt.param_groups` add each group's rates (`"head.learning_rate"`:
+    the optimiser's times the group's multipliers), which are not
+    hyperparameters and take no name from them. A group overrides
+    hyperparameters by these same keys (`eqopt.Group(..., b2=0.95)`), from
+    the one description of them in `eqopt/_hyperparameters.py`; a schedule's
+    own arguments (its `alpha`) are not among them: its value is.
 
     **Arguments:**
 
@@ -67,96 +69,59 @@ def current_hyperparams(
         ```
     """
     check_hyperparameters(transform)
-    found: list[tuple[tuple[str, ...], Any]] = []
-    _collect(transform, state, (), found)
-    names = collections.Counter(path[-1] for path, _ in found)
-    values: dict[str, Array] = {}
-    for path, value in found:
-        # As `update` sees them: weakly typed (also NumPy ones, from `eqopt.on_host`).
-        values[".".join(path)] = weakly_typed(jnp.asarray(value))
-        if names[path[-1]] == 1:
-            values[path[-1]] = values[".".join(path)]
+    groups: list[tuple[ParamGroups, ParamGroupsState, tuple[str, ...]]] = []
+
+    def parts(node: Any, part_state: Any, path: tuple[str, ...]) -> Any:
+        expanded = hyperparameter_parts(node, part_state, path)
+        if expanded is not None:
+            groups.append((node, part_state, path))
+        return expanded
+
+    described = [h for h in describe(transform, state, parts) if h.value is not None]
+    # As `update` sees them: weakly typed (also NumPy ones, from `eqopt.on_host`).
+    found = {h.path: weakly_typed(jnp.asarray(_value(h))) for h in described}
+    values = {key: found[path] for key, path in keyed(found).items()}
+    for node, part_state, path in groups:
+        for key, value in _group_rates(node, part_state, path, described):
+            values[key] = weakly_typed(jnp.asarray(value))
     return values
 
 
-def _collect(transform: Any, state: Any, path: tuple[str, ...], found: list) -> None:
-    if isinstance(transform, Chain):
-        for name, part, part_state in zip(
-            transform.names, transform.transforms, state.states, strict=True
-        ):
-            _collect(part, part_state, (*path, name), found)
-        return
-    if isinstance(transform, Partition):
-        for label, part in transform.transforms.items():
-            _collect(part, state.inner_states[label], (*path, str(label)), found)
-        return
-    if isinstance(transform, ParamGroups):
-        _collect_groups(transform, state, path, found)
-        return
-    if isinstance(transform, Offload):  # its state is the inner's
-        _collect(transform.inner, state, path, found)
-        return
-    if isinstance(transform, (InjectHyperparams, InjectStatefulHyperparams)):
-        for name, value in state.hyperparams.items():
-            schedule = transform.schedules.get(name)
-            if isinstance(transform, InjectHyperparams) and schedule is not None:
-                value = schedule(state.count)
-            found.append(((*path, name), value))
-        return
-    inner: list[tuple[str, Any]] = []
-    for field in dataclasses.fields(transform):
-        value = getattr(transform, field.name, None)
-        if isinstance(value, AbstractGradientTransformation):
-            inner.append((field.name, value))
-        elif is_hyperparameter_field(field) and value is not None:
-            if callable(value) and not eqx.is_array(value):
-                value = value(_step_count(transform, field.name, state))
-            found.append(((*path, field.name), value))
-    # A wrapper: its inner transforms' states are the state's `*state` fields, in order.
-    inner_states = [
-        getattr(state, f.name)
-        for f in dataclasses.fields(state)
-        if f.name.endswith("state") and f.name != "skip_state"
-    ]
-    if len(inner_states) == len(inner):
-        for (name, part), part_state in zip(inner, inner_states, strict=True):
-            _collect(part, part_state, (*path, name), found)
+def _value(hyperparameter: Hyperparameter) -> Any:
+    """Its value now: a schedule evaluated at its owner's step count."""
+    if not hyperparameter.is_schedule:
+        return hyperparameter.value
+    owner, name = hyperparameter.owner, hyperparameter.name
+    return hyperparameter.value(_step_count(owner, name, hyperparameter.state))
 
 
-def _collect_groups(
-    transform: ParamGroups, state: ParamGroupsState, path: tuple, found: list
-) -> None:
-    # The optimiser's own hyperparameters, then each group's (each group and
-    # layer's) learning rate and weight decay: the optimiser's times the
-    # multipliers, under one name each (`"head.learning_rate"`).
-    inner = transform.running(state)
-    _collect(inner, state.inner, path, found)
-    # The groups' own branches (a group overriding hyperparameters); an
-    # optimiser that is itself a partition (Muon's) is one branch.
-    if transform.branches:
-        assert isinstance(inner, Partition)
-        branches = {
-            label: (part, state.inner.inner_states[label])
-            for label, part in inner.transforms.items()
-        }
-    else:
-        branches = {DEFAULT: (inner, state.inner)}
-    base: dict[Hashable, dict[str, Any]] = {}
-    for label, (part, part_state) in branches.items():
-        values: list = []
-        _collect(part, part_state, (), values)
-        base[label] = {
-            name: next((v for p, v in values if p[-1] == name), None)
-            for name in ("learning_rate", "weight_decay")
-        }
+def _group_rates(
+    transform: ParamGroups,
+    state: ParamGroupsState,
+    path: tuple[str, ...],
+    described: list[Hyperparameter],
+) -> list[tuple[str, Any]]:
+    # Each group's (each group and layer's) learning rate and weight decay: the
+    # rate of its branch (the optimiser's, without overrides) times the
+    # group's multipliers, under one key each (`"head.learning_rate"`). They
+    # are not hyperparameters: they take no part in the rule of bare names.
+    prefix = len(path) + (1 if transform.branches else 0)
+    base: dict[tuple[str, str], Any] = {}
+    for h in described:
+        if h.path[: len(path)] == path and len(h.path) > prefix:
+            label = h.path[len(path)] if transform.branches else DEFAULT
+            base.setdefault((label, h.name), h)  # the first one, in the parts' order
+    out = []
     for row in transform.rows(state.assignment):
         for name, multiplier in (
             ("learning_rate", row.lr_mult),
             ("weight_decay", row.wd_mult),
         ):
-            value = base[row.label][name]
-            if value is not None:
-                found.append(((*path, f"{row.key}.{name}"), value * multiplier))
+            found = base.get((row.label, name))
+            if found is not None:
+                key = ".".join((*path, f"{row.key}.{name}"))
+                out.append((key, _value(found) * multiplier))
+    return out
 
 
 def _is_count(value: Any) -> bool:
@@ -167,32 +132,37 @@ def _is_count(value: Any) -> bool:
     )
 
 
-def _step_count(transform: Any, name: str, state: Any) -> Array:
-    # The step count a transform's schedules are evaluated at, looked for in this
+def _find_count(state: Any) -> tuple[Any, str]:
+    # The step count a part's schedules are evaluated at, looked for in this
     # order: the state itself, or its field `count`, as `init_count_if_scheduled`
     # makes them (a `ScaleByScheduleState`) or as an integer; the one field that
     # holds a `ScaleByScheduleState`; the one integer field named `*_count`.
+    # With none or several, `None` and what was found.
     if isinstance(state, ScaleByScheduleState):
-        return state.count
+        return state.count, ""
     fields = dataclasses.fields(state) if dataclasses.is_dataclass(state) else ()
     values = {f.name: getattr(state, f.name, None) for f in fields}
     count = values.get("count")
     if isinstance(count, ScaleByScheduleState):
-        return count.count
+        return count.count, ""
     if _is_count(count):
-        return cast(Array, count)
+        return cast(Array, count), ""
     held = [k for k, v in values.items() if isinstance(v, ScaleByScheduleState)]
     named = [k for k, v in values.items() if k.endswith("_count") and _is_count(v)]
     for candidates in (held, named):
         if len(candidates) == 1:
             value = cast(Any, values[candidates[0]])
-            return value.count if candidates is held else value
+            return (value.count if candidates is held else value), ""
     several = held if len(held) > 1 else named
-    what = (
-        f"several step counts (`{'`, `'.join(several)}`)"
-        if len(several) > 1
-        else "no step count"
-    )
+    if len(several) > 1:
+        return None, f"several step counts (`{'`, `'.join(several)}`)"
+    return None, "no step count"
+
+
+def _step_count(transform: Any, name: str, state: Any) -> Array:
+    count, what = _find_count(state)
+    if count is not None:
+        return count
     raise TypeError(
         f"`{type(transform).__name__}.{name}` is a schedule, but the state "
         f"`{type(state).__name__}` holds {what} to evaluate it at: keep what "
@@ -200,3 +170,17 @@ def _step_count(transform: Any, name: str, state: Any) -> Array:
         "step count, an integer, in a field `count`) and advance it with "
         "`eqopt.current_value`."
     )
+
+
+def step_count(transform: Any, state: Any) -> int | None:
+    """The step count of the optimiser's parts, found in each part's state as
+    a schedule's is (`_find_count`), where they agree on one: `None` where no
+    part keeps one, or one is ambiguous, or they differ. Outside `jit`."""
+    counts: set[int] = set()
+    for h in describe(transform, state, hyperparameter_parts):
+        count, what = _find_count(h.state)
+        if count is None and what != "no step count":
+            return None
+        if count is not None:
+            counts.add(int(count))
+    return counts.pop() if len(counts) == 1 else None

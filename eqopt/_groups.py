@@ -10,43 +10,16 @@ each trainable leaf (each layer of a stack) to its group and layer, at
 
 import math
 import re
-from collections.abc import Callable, Sequence
-from typing import Any, no_type_check
+from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 import numpy as np
-from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
 
 from ._typecheck import checked
 
 #: The name of the group of the leaves that no group selects.
 DEFAULT = "default"
-
-
-@no_type_check
-def spell(path: Sequence[Any]) -> str:
-    """A leaf's path as groups match it and the report prints it: `blocks[3].mlp.weight`.
-
-    Attributes and string keys of dicts are joined by dots, indices are in brackets.
-    """
-    text = ""
-    for key in path:
-        if isinstance(key, GetAttrKey):
-            text += f".{key.name}"
-        elif isinstance(key, DictKey):
-            name = key.key
-            text += (
-                f".{name}"
-                if isinstance(name, str) and name.isidentifier()
-                else f"[{name!r}]"
-            )
-        elif isinstance(key, SequenceKey):
-            text += f"[{key.idx}]"
-        elif isinstance(key, FlattenedIndexKey):
-            text += f"[{key.key}]"
-        else:
-            text += str(key)
-    return text.lstrip(".") or "<root>"
 
 
 @checked
@@ -134,8 +107,13 @@ class Group(eqx.Module):
     - `lr_mult`: multiplies the learning rate (and its schedule) on these leaves.
     - `wd_mult`: multiplies the weight decay on these leaves.
     - `optimiser`: another optimiser for these leaves (Muon on matrices, say).
-    - `**hyperparams`: overrides of the optimiser's hyperparameters by name
-      (`b2=0.95`, `learning_rate=schedule`, `weight_decay=0.0`).
+    - `**hyperparams`: overrides of the optimiser's hyperparameters, by the
+      keys `eqopt.current_hyperparams` reports: the bare name where one
+      hyperparameter has it (`b2=0.95`, `learning_rate=schedule`,
+      `weight_decay=0.0`), the full key always
+      (`**{"muon.scale_by_learning_rate.learning_rate": 0.02}`). A name that
+      several hyperparameters share, or an argument of a schedule (`alpha`),
+      is refused: give the full key, or a new schedule.
 
     Multipliers keep one optimiser with one state; an override or an
     optimiser makes the group a branch of an `eqopt.partition` underneath.

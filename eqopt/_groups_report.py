@@ -1,14 +1,12 @@
 """The report of parameter groups: who got what, and the rates in use."""
 
 import re
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import equinox as eqx
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from ._current import current_hyperparams
+from ._current import current_hyperparams, step_count
 from ._param_groups import ParamGroups, ParamGroupsState
 from ._typecheck import checked
 
@@ -167,15 +165,6 @@ def rows(opt: ParamGroups, state: ParamGroupsState) -> tuple[ReportRow, ...]:
     return tuple(out)
 
 
-def _step(state: Any) -> int | None:
-    counts = [
-        x
-        for x in jax.tree.leaves(state)
-        if eqx.is_array(x) and x.ndim == 0 and jnp.issubdtype(x.dtype, jnp.integer)
-    ]
-    return int(counts[0]) if counts else None
-
-
 @checked
 def param_groups_report(
     opt: ParamGroups, state: ParamGroupsState, *, by_layer: bool = False
@@ -185,7 +174,9 @@ def param_groups_report(
     Per group: the paths it took, collapsed where they repeat, the number of
     parameters, the multipliers, and the learning rate and weight decay in use
     at the state's step (with layer decay, their range over the group's
-    layers). Outside `jit`.
+    layers). The step is the one its parts' states count, found as
+    `eqopt.current_hyperparams` finds a schedule's (`None` where they differ,
+    or a state holds several counts). Outside `jit`.
 
     **Arguments:**
 
@@ -196,5 +187,5 @@ def param_groups_report(
     **Returns:** an `eqopt.GroupReport`.
     """
     return GroupReport(
-        rows=rows(opt, state), step=_step(state.inner), by_layer=by_layer
+        rows=rows(opt, state), step=step_count(opt, state), by_layer=by_layer
     )

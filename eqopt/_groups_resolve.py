@@ -25,9 +25,9 @@ from jax.tree_util import GetAttrKey, SequenceKey
 
 from ._filters import resolve_filter
 from ._fused._pack import unpack_all
-from ._groups import DEFAULT, Group, InLayer, LayerDecay, _describe, spell
+from ._groups import DEFAULT, Group, InLayer, LayerDecay, _describe
 from ._layer_axes import describe
-from ._leaves import InputError, is_none, is_trainable, outside_eqopt
+from ._leaves import InputError, is_none, is_trainable, outside_eqopt, path_str
 
 #: Per leaf of an `Assignment`: one value for the whole leaf, or, for a stack
 #: of layers whose slices differ, one per slice (flattened over the stack axes).
@@ -143,7 +143,7 @@ class _Leaves:
             tuple(leaf.shape[: d.stack_axes]) if t and d is not None else ()
             for leaf, d, t in zip(leaves, self.described, self.trained, strict=True)
         ]
-        self.spelled = [spell(path) for path in self.paths]
+        self.spelled = [path_str(path, relative=True) for path in self.paths]
         self.containers = self._containers(leaves)
         self.slices = [
             self._slice_paths(position) if self.stacks[position] else [spelled]
@@ -186,12 +186,9 @@ class _Leaves:
         path, length = self.paths[position], self.containers[position]
         assert length is not None
         return [
-            spell(
-                (
-                    *path[:length],
-                    *(SequenceKey(int(i)) for i in index),
-                    *path[length:],
-                )
+            path_str(
+                (*path[:length], *(SequenceKey(int(i)) for i in index), *path[length:]),
+                relative=True,
             )
             for index in np.ndindex(*self.stacks[position])
         ]
@@ -284,11 +281,11 @@ def _layer_ids(decay: LayerDecay, leaves: _Leaves) -> tuple[list[list], int]:
         )
         length = leaves.containers[position]
         if t and length is not None and (index is None or index >= length):
-            name = spell(path[:length])
+            name = path_str(path[:length], relative=True)
             stacks[name] = tuple(path[:length])
             indices = list(range(len(leaves.slices[position])))
         elif t and index is not None:
-            name = spell(path[:index])
+            name = path_str(path[:index], relative=True)
             indices = [path[index].idx] * len(leaves.slices[position])
         else:
             names.append(None)
@@ -456,12 +453,3 @@ def resolve(
         sizes=tuple(leaves.sizes),
         stacks=tuple(leaves.stacks),
     )
-
-
-def layer_multiplier(
-    decay: LayerDecay | None, layer: int | None, n: int | None
-) -> float:
-    """`rate ** (n - layer)`; 1 without layer decay."""
-    if decay is None or layer is None or n is None:
-        return 1.0
-    return decay.rate ** (n - layer)

@@ -9,6 +9,7 @@ from typing import Any, TypeAlias, no_type_check
 
 import equinox as eqx
 import jax
+from jax.tree_util import DictKey, FlattenedIndexKey
 
 from ._quantize import QuantizedArray
 
@@ -80,7 +81,7 @@ def first_non_inexact(tree: Any) -> tuple[str, Any] | None:
     flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_quantized_moment)[0]
     for path, leaf in flat:
         if not _inexact_or_absent(leaf):
-            return jax.tree_util.keystr(path) or "<root>", leaf
+            return path_str(path), leaf
     return None
 
 
@@ -90,9 +91,28 @@ def _inexact_or_absent(leaf: Any) -> bool:
 
 
 @no_type_check
-def path_str(path: Any) -> str:
-    """`jax.tree_util.keystr`, with a name for the root."""
-    return jax.tree_util.keystr(tuple(path)) or "<root>"
+def path_str(path: Any, *, relative: bool = False) -> str:
+    """A leaf's path, spelled one way across eqopt: `jax.tree_util.keystr`'s
+    (`.blocks[3].w`, `['w']` for a dict's entry), with a name for the root.
+
+    `relative=True` spells it as parameter groups match it and their report
+    prints it: without the leading dot, and a dict's key that is a name
+    written as an attribute (`blocks[3].w`, `w`), so that a group's regular
+    expression reads as the model's code does (`^head\\.`).
+    """
+    path = tuple(path)
+    if not relative:
+        return jax.tree_util.keystr(path) or "<root>"
+    return "".join(map(_relative, path)).removeprefix(".") or "<root>"
+
+
+@no_type_check
+def _relative(key: Any) -> str:
+    if isinstance(key, DictKey) and isinstance(key.key, str) and key.key.isidentifier():
+        return f".{key.key}"
+    if isinstance(key, FlattenedIndexKey):
+        return f"[{key.key}]"
+    return jax.tree_util.keystr((key,))
 
 
 #: Parameters: any pytree, typically a whole Equinox model. Its inexact arrays are

@@ -27,8 +27,8 @@ from ._base import (
 from ._combine import Partition
 from ._entry import init_entry, update_entry
 from ._groups import DEFAULT, Group, LayerDecay
-from ._groups_resolve import Assignment, layer_multiplier, resolve
-from ._hyper import is_hyperparameter_field
+from ._groups_resolve import Assignment, resolve
+from ._hyperparameters import override
 from ._interop import as_transform
 from ._leaf_scales import LeafScales
 from ._transform.basic import ScaleByLearningRate
@@ -53,29 +53,6 @@ def _modules(transform: Any) -> list[Any]:
 
 def _is_child(x: Any, node: Any) -> bool:
     return x is not node and isinstance(x, eqx.Module)
-
-
-def _hyperparameters(transform: Any) -> dict[str, list[Any]]:
-    """The hyperparameter names of a transform, each with the Modules that hold it."""
-    found: dict[str, list[Any]] = {}
-    for module in _modules(transform):
-        for field in dataclasses.fields(module):
-            if is_hyperparameter_field(field):
-                found.setdefault(field.name, []).append(module)
-    return found
-
-
-def _override(transform: Any, values: dict[str, Any]) -> Any:
-    """`transform` with every hyperparameter named in `values` set to it (converted)."""
-
-    def rebuild(node: Any) -> Any:
-        if not isinstance(node, eqx.Module):
-            return node
-        changes = {k: v for k, v in values.items() if k in _names_of(node)}
-        node = jax.tree.map(rebuild, node, is_leaf=lambda x: _is_child(x, node))
-        return dataclasses.replace(node, **changes) if changes else node
-
-    return rebuild(transform)
 
 
 def _names_of(module: Any) -> set[str]:
@@ -185,7 +162,6 @@ class ParamGroups(AbstractWrapper):
                 f"param_groups: the group names {repeated} are used twice: give each "
                 "group its own `name=`."
             )
-        held = _hyperparameters(self.optimiser)
         branches = {}
         for group in self.groups:
             base = (
@@ -193,21 +169,20 @@ class ParamGroups(AbstractWrapper):
                 if group.optimiser is None
                 else as_transform(group.optimiser)
             )
-            own = held if group.optimiser is None else _hyperparameters(base)
-            unknown = sorted(set(group.hyperparams) - set(own))
-            if unknown:
-                raise ValueError(
-                    f"param_groups: group {group.name!r} overrides {', '.join(unknown)}, "
-                    f"which its optimiser does not have; its hyperparameters are "
-                    f"{', '.join(sorted(own))}."
-                )
             if group.structural:
+                # By the keys `eqopt.current_hyperparams` reports (`_hyperparameters.py`).
+                overridden = override(
+                    base,
+                    group.hyperparams,
+                    f"param_groups: group {group.name!r}",
+                    hyperparameter_parts,
+                )
                 if group.name == DEFAULT:
                     raise ValueError(
                         f"param_groups: a group that overrides hyperparameters cannot be "
                         f"named {DEFAULT!r}: that is the group of the unselected leaves."
                     )
-                branches[group.name] = _override(base, group.hyperparams)
+                branches[group.name] = overridden
         self.branches = branches
         everything = [self.optimiser, *branches.values()]
         wants_lr = layer_decay is not None or any(g.lr_mult != 1 for g in self.groups)
@@ -264,13 +239,15 @@ class ParamGroups(AbstractWrapper):
         """The one formula of a group's multipliers on a layer: the learning rate's
         `lr_mult * rate ** (n - layer)`, the weight decay's `wd_mult`."""
         spec = next((g for g in self.groups if g.name == assignment.names[group]), None)
-        if spec is None:  # the default group
-            return layer_multiplier(self.layer_decay, layer, assignment.n_layers), 1.0
-        return (
-            spec.lr_mult
-            * layer_multiplier(self.layer_decay, layer, assignment.n_layers),
-            spec.wd_mult,
+        decay, n = self.layer_decay, assignment.n_layers
+        by_layer = (
+            1.0
+            if decay is None or layer is None or n is None
+            else decay.rate ** (n - layer)
         )
+        if spec is None:  # the default group
+            return by_layer, 1.0
+        return spec.lr_mult * by_layer, spec.wd_mult
 
     def multipliers(self, assignment: Assignment) -> tuple[list, list]:
         """Per leaf position: its learning-rate and weight-decay multipliers (`None`
@@ -447,8 +424,9 @@ def param_groups(
 
     **Raises:** `ValueError` at construction for an invalid regular expression,
     a negative multiplier, two groups of one name, an override of a
-    hyperparameter the optimiser does not have, or a multiplier the optimiser
-    has no step for; at `init`, for a multiplier on a leaf the optimiser
+    hyperparameter the optimiser does not have (or of a name several share,
+    or of a schedule's argument), or a multiplier the optimiser has no step
+    for; at `init`, for a multiplier on a leaf the optimiser
     freezes and, with `strict`, for unmatched leaves.
 
     !!! example
@@ -474,3 +452,27 @@ def param_groups(
         ```
     """
     return ParamGroups(optimiser, groups, layer_decay=layer_decay, strict=strict)
+
+
+def hyperparameter_parts(
+    node: Any, state: Any, path: tuple[str, ...]
+) -> list[tuple[str | None, Any, Any, tuple | None]] | None:
+    """The parts of `eqopt.ParamGroups` for `eqopt._hyperparameters.describe`
+    (`None` for any other transform): with a state, the optimiser that runs
+    (the partition of its branches when a group overrides a hyperparameter),
+    with none, the optimiser and the branches (`"default"` and each group's);
+    neither adds a name of its own to the keys."""
+    del path
+    if not isinstance(node, ParamGroups):
+        return None
+    if state is not None:
+        return [(None, node.running(state), state.inner, None)]
+    if not node.branches:
+        return [(None, node.optimiser, None, (("attr", "optimiser"),))]
+    return [
+        (DEFAULT, node.optimiser, None, (("attr", "optimiser"),)),
+        *(
+            (name, branch, None, (("attr", "branches"), ("item", name)))
+            for name, branch in node.branches.items()
+        ),
+    ]

@@ -95,8 +95,6 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "eqopt._interop",
             "eqopt._train_state",
             "eqopt._fused._bucketed",
-            "eqopt._groups",
-            "eqopt._groups_resolve",
         ),
     ),
     ("schedules", "schedules", ("eqopt.schedules", "eqopt.schedules.*")),
@@ -108,7 +106,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     ),
     (
         "wrappers",
-        "transforms that wrap transforms, and state-layout policies over any transform",
+        "transforms that wrap transforms, state-layout policies over any transform, "
+        "parameter groups and the one description of an optimiser's hyperparameters",
         (
             "eqopt._wrappers",
             "eqopt._wrappers.*",
@@ -117,7 +116,10 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "eqopt._zero",
             "eqopt._zero_rule",
             "eqopt._zero_plan",
+            "eqopt._groups",
+            "eqopt._groups_resolve",
             "eqopt._param_groups",
+            "eqopt._hyperparameters",
         ),
     ),
     (

@@ -165,10 +165,11 @@ def _equivalent(model, lr, wd, make):
         labels.append((row.paths, pairs[pair]))
     by_path = {path: label for paths, label in labels for path in paths}
     flat = jax.tree_util.tree_flatten_with_path(model)[0]
-    from eqopt._groups import spell
+    from eqopt._leaves import path_str
 
     leaves = [
-        by_path.get(spell(p)) if eqx.is_inexact_array(x) else None for p, x in flat
+        by_path.get(path_str(p, relative=True)) if eqx.is_inexact_array(x) else None
+        for p, x in flat
     ]
     tree = jax.tree.unflatten(jax.tree.structure(model), leaves)
     lr32, wd32 = jnp.asarray(lr, jnp.float32), jnp.asarray(wd, jnp.float32)

@@ -141,6 +141,19 @@ class _AbstractInjectHyperparams(AbstractWrapper):
         """The inner transform built with the given hyperparameter values."""
         return call_factory(self.inner_factory, {**self.other_args, **values})
 
+    def with_arguments(self, values: Mapping[str, Any]) -> "_AbstractInjectHyperparams":
+        """This wrapper with the factory's arguments in `values` replaced (each a
+        number or a schedule), sorted as the constructor sorts them: a group of
+        `eqopt.param_groups` overriding an injected hyperparameter."""
+        arguments = {**self.other_args, **self.hyperparams, **self.schedules}
+        build: Any = type(self)  # both subclasses take these arguments
+        return build(
+            self.inner_factory,
+            kwargs={**arguments, **values},
+            static_args=tuple(k for k in self.other_args if k not in values),
+            hyperparam_dtype=self.hyperparam_dtype,
+        )
+
     def _unscheduled_values(
         self, hyperparams: Mapping[str, Any], dtype: DTypeLike
     ) -> dict[str, Array]:
