@@ -171,9 +171,11 @@ def test_registry_properties_on_random_models(case_index, data):
     # Zeros laid out as each leaf is (`jnp.zeros_like` of an array in host memory
     # fails outside `jit` in JAX 0.10: "Memory kind mismatch").
     like = jax.tree.map(
-        lambda x: jax.device_put(jnp.zeros(x.shape, x.dtype), x.sharding)
-        if eqx.is_array(x)
-        else x,
+        lambda x: (
+            jax.device_put(jnp.zeros(x.shape, x.dtype), x.sharding)
+            if eqx.is_array(x)
+            else x
+        ),
         state,
     )
     restored = eqx.tree_deserialise_leaves(buffer, like)

@@ -1,0 +1,1 @@
+"""The optimiser suite of `benchmarks/choose.py`: workloads, optimisers, protocol, report."""
