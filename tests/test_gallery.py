@@ -155,6 +155,30 @@ def test_optimizer_zoo(tmp_path):
     assert_plot(plot)
 
 
+def test_frontier_optimizers(tmp_path):
+    stdout, plot = run_example("frontier_optimizers", tmp_path)
+    tau = number(r"QK-clip threshold tau = (\S+)", stdout)
+    rows = {
+        match.group(1): [float(v) for v in match.group(2).split()]
+        for match in re.finditer(
+            r"^(Muon|MuonClip)\s+((?:\S+\s+){5}\S+)$", stdout, re.M
+        )
+    }
+    assert set(rows) == {"Muon", "MuonClip"}, stdout
+    uniform = math.log(95)  # the uniform guess over 95 characters: below it, learned
+    for name, (final, held_out, state, time_ratio, _, _) in rows.items():
+        assert 0 < final < uniform and 0 < held_out < uniform, (name, stdout)
+        assert state == 1.0 and time_ratio > 0, (name, stdout)
+    muon, clip = rows["Muon"], rows["MuonClip"]
+    # Without the clip the largest logit runs past tau; with it, it is pulled back
+    # to tau at every step (within one step's growth: the clip scales by the
+    # logits of the step's own forward pass).
+    assert muon[4] > 1.5 * tau and muon[5] > 1.5 * tau, stdout
+    assert clip[4] < muon[4] and clip[5] <= 1.3 * tau, stdout
+    assert abs(clip[0] - muon[0]) < 0.1, stdout  # the clip barely moves the loss
+    assert_plot(plot)
+
+
 def test_fine_tuning(tmp_path):
     stdout, plot = run_example("fine_tuning", tmp_path)
     assert number(r"pretrained: task A accuracy (\S+)", stdout) > 0.9, stdout

@@ -1,7 +1,8 @@
 """Scion: steps along the linear minimisation oracle of a norm chosen per layer."""
 
 import dataclasses
-from typing import Any, no_type_check
+from collections.abc import Callable
+from typing import Any, TypeGuard, no_type_check
 
 import equinox as eqx
 import jax
@@ -100,8 +101,13 @@ class _Resolved:
     dims: Any
 
 
+def _is_rule(x: Any) -> TypeGuard[Callable[..., Any]]:
+    """A per-leaf callable; not a callable Equinox layer of a prefix pytree."""
+    return callable(x) and not isinstance(x, eqx.Module)
+
+
 def _is_choice(x: Any) -> bool:
-    return x is None or isinstance(x, (str, ScionNorm)) or callable(x)
+    return x is None or isinstance(x, (str, ScionNorm)) or _is_rule(x)
 
 
 @checked
@@ -142,6 +148,12 @@ class ScaleByScion(AbstractGradientTransformation):
     for the default. The output layer's norm is yours to choose (the paper
     uses `"sign"` or `"row"` there with a larger radius), e.g. with
     `eqx.tree_at` on `jax.tree.map(lambda _: None, model)`.
+
+    heavyball's `Scion` is this update with other norms: the spectral norm
+    of every matrix, an embedding's `(vocab, dim)` read as `(out, in)`, and
+    the RMS norm of every vector (and it re-initialises the parameters on
+    its first step). Its bias-corrected average, $d_t / (1 - (1 - \alpha)^t)$,
+    gives the same direction: the oracle of a norm ignores a positive factor.
 
     **Per layer**: on a layer stacked with `eqx.filter_vmap` it runs on each
     slice, batched, as on the list of those layers.
@@ -198,7 +210,7 @@ class ScaleByScion(AbstractGradientTransformation):
         stacks = stack_axes_by_path(tree)
         oriented = layer_oriented(tree, MuonDimensionNumbers)
         spec = self.norms
-        if spec is None or isinstance(spec, (str, ScionNorm)) or callable(spec):
+        if spec is None or isinstance(spec, (str, ScionNorm)) or _is_rule(spec):
             given = [spec] * len(flat)
         else:
             full = map_prefix(
@@ -215,7 +227,7 @@ class ScaleByScion(AbstractGradientTransformation):
                 out.append(None)
                 continue
             stack = stacks.get(path, 0)
-            if callable(choice) and not isinstance(choice, ScionNorm):
+            if _is_rule(choice):
                 choice = choice(one_layer(x, stack))
             ndim = x.ndim - stack
             if choice is None:
