@@ -76,6 +76,7 @@ from ._typecheck import (
     checked,
     lazily_checked,
     nested_call,
+    state_checker,
 )
 
 _Method = TypeVar("_Method", bound=Callable)
@@ -153,6 +154,7 @@ def update_entry(method: _Method) -> _Method:
     transforms (see "Writing your own transform").
     """
     check = lazily_checked(method, method.__qualname__)
+    check_state = state_checker(method, method.__qualname__)
 
     @functools.wraps(method)
     def update(self, updates, state, params=None, **extra_args):
@@ -165,7 +167,8 @@ def update_entry(method: _Method) -> _Method:
             updates = jax.tree.map(lambda _: None, params, is_leaf=is_none)
         if nested_call():
             # A part's `update`, called by its chain or wrapper with what the
-            # outer entry checked.
+            # outer entry checked, but for the state's class (`state_checker`).
+            check_state(state)
             return _update(method, self, updates, state, params, extra_args)
         token = RUNNING.set(True)  # the outermost `update`
         try:
@@ -290,10 +293,10 @@ def _hint_bucketing(transform: Any, params: Any) -> None:
     if contains_packed(params):
         return
     layout = _layout_of(jax.tree.leaves(params))
-    if len(layout.slots) < HINT_MIN_LEAVES or not worth_bucketing(layout):
+    n_leaves = layout.n_leaves()
+    if n_leaves < HINT_MIN_LEAVES or not worth_bucketing(layout):
         return
     _hinted[0] = True
-    n_leaves = len(layout.slots)
     mean = sum(layout.sizes()) / n_leaves
     warnings.warn(
         f"These params have {n_leaves} trainable leaves of {mean:.0f} elements "

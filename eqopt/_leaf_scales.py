@@ -63,12 +63,8 @@ class ScaleIndex(_Static):
             cache = self._buffers = {}
         found = cache.get(layout)
         if found is None:
-            parts: list[list[tuple[int | None, int]]] = [[] for _ in layout.buffers]
-            for slot in sorted(layout.slots, key=lambda s: (s.buffer, s.offset)):
-                size = int(np.prod(slot.shape, dtype=np.int64))
-                parts[slot.buffer].append((self.slots[slot.leaf_index], size))
             found = []
-            for segments in parts:
+            for segments in layout.segments(self.slots):
                 indices = {index for index, _ in segments}
                 if len(indices) == 1 and None not in indices:
                     found.append(indices.pop())
@@ -151,15 +147,12 @@ class LeafScales(eqx.Module):
         return out
 
 
-def _times(factor: Any, multiplier: Any, dtype: Any, cast: bool, ndim: int) -> Any:
-    # A weakly typed factor takes the leaf's dtype in the product with the leaf,
-    # as `factor * g` does without groups: the product with the multiplier (an
-    # array of the default float dtype) is cast to the leaf's dtype, which gives
-    # the numbers of a Python float multiplier. A strongly typed factor (a
-    # schedule's value) is not cast unless `cast` says so, and promotes as it
-    # does without groups. A stack's factors broadcast over each slice's axes.
-    scaled = factor * multiplier
-    if cast or factor.weak_type:
+def _rate(factor: Any, multiplier: Any, dtype: Any, ndim: int) -> Any:
+    # `factor * multiplier` (`factor` alone where `multiplier` is `None`), cast
+    # to `dtype` unless it is `None`; a stack's factors broadcast over each
+    # slice's axes (`ndim`: the leaf's).
+    scaled = factor if multiplier is None else factor * multiplier
+    if dtype is not None:
         scaled = scaled.astype(dtype)
     if scaled.ndim:
         scaled = scaled.reshape(scaled.shape + (1,) * (ndim - scaled.ndim))
@@ -167,30 +160,51 @@ def _times(factor: Any, multiplier: Any, dtype: Any, cast: bool, ndim: int) -> A
 
 
 @no_type_check
-def scale_leaves(updates: Any, factor: Any, scales: LeafScales, cast: bool) -> Any:
-    """Each leaf `g` times `factor * m`, `m` its multiplier (`cast`: to `g`'s dtype first)."""
+def scale_updates(updates: Any, factor: Any, scales: LeafScales | None = None) -> Any:
+    r"""Each update `g` times `factor` (times its leaf's multiplier with `scales`).
+
+    $$ g \mapsto \operatorname{cast}_{g}(\alpha\, m)\, g $$
+
+    The one product of every learning rate and step size: the factor (with
+    the multiplier, an array of the default float dtype) is cast to the
+    update's dtype before the product. A weakly typed factor (a Python number)
+    gives the numbers of `factor * g`; a strongly typed one (a schedule's
+    value, a rate swept by `jax.vmap`) does not promote a `bfloat16` update to
+    `float32`. A complex update takes a real factor as complex. `updates` may
+    be a `eqopt.Packed`: with `scales`, each buffer takes one factor, or one
+    per segment where they differ (`LeafScales.per_buffer`). A leaf without a
+    multiplier in `scales` (one the groups do not train here) is not scaled.
+
+    **Arguments:**
+
+    - `updates`: a tree of updates (`None` where a leaf is not trained).
+    - `factor`: a scalar (array or number).
+    - `scales`: per-leaf multipliers (`eqopt.param_groups`), or `None`.
+
+    **Returns:** the scaled updates, each in its own dtype.
+    """
     factor = jnp.asarray(factor)
-    cast = cast or not factor.weak_type
-    scales.check(updates, "updates")
-    if isinstance(updates, Packed):
-        buffers = tuple(
-            None if g is None else _times(factor, m, g.dtype, cast, 1) * g
-            for g, m in zip(
-                updates.buffers, scales.per_buffer(updates.layout), strict=True
+    if scales is not None:
+        scales.check(updates, "updates")
+        if isinstance(updates, Packed):
+            multipliers = scales.per_buffer(updates.layout)
+            buffers = tuple(
+                None if g is None else _rate(factor, m, g.dtype, 1) * g
+                for g, m in zip(updates.buffers, multipliers, strict=True)
             )
-        )
-        return Packed(buffers=buffers, rest=updates.rest, layout=updates.layout)
+            return Packed(buffers=buffers, rest=updates.rest, layout=updates.layout)
     leaves, treedef = jax.tree.flatten(updates, is_leaf=is_none)
+    indices = (-1,) * len(leaves) if scales is None else scales.index.slots
     products: dict[tuple[int, Any, int], Any] = {}
     out = []
-    for g, index in zip(leaves, scales.index.slots, strict=True):
+    for g, index in zip(leaves, indices, strict=True):
         if g is None or index is None:
             out.append(g)
             continue
         key = (index, g.dtype, g.ndim)
         if key not in products:
-            m = scales.values[index]
-            products[key] = _times(factor, m, g.dtype, cast, g.ndim)
+            m = None if scales is None else scales.values[index]
+            products[key] = _rate(factor, m, g.dtype, g.ndim)
         out.append(products[key] * g)
     return jax.tree.unflatten(treedef, out)
 
@@ -215,7 +229,8 @@ def decay_leaves(
     def rate(m, p):
         if m is None:
             return weight_decay
-        return _times(weight_decay, m, p.dtype, False, p.ndim)
+        dtype = p.dtype if weight_decay.weak_type else None
+        return _rate(weight_decay, m, dtype, p.ndim)
 
     if isinstance(params, Packed):
         multipliers = (

@@ -261,6 +261,46 @@ def nested_call() -> bool:
     return RUNNING.get()
 
 
+def state_checker(fn: Callable, owner: str) -> Callable[[Any], None]:
+    """A check that the `state` given to `fn` (a transform's `update`) is of its
+    annotated state class, for calls that pass on the other checks
+    (`nested_call`).
+
+    A chain's or wrapper's own check sees only its own state class: given the
+    state of another optimiser with the same outer class (two chains), a part
+    would otherwise read a field that is not there. One `isinstance` per part
+    and trace; the message is the one the full check gives.
+    """
+    expected: Any = None
+    annotation: Any = object
+
+    def check_state(state: Any) -> None:
+        nonlocal expected, annotation
+        if expected is None:
+            try:
+                annotation = typing.get_type_hints(fn).get("state", object)
+            except Exception:  # an annotation that does not resolve: no check
+                annotation = object
+            classes = typing.get_args(annotation) if _is_union(annotation) else ()
+            if annotation is Any:
+                expected = object
+            elif isinstance(annotation, type):
+                expected = annotation
+            elif classes and all(isinstance(c, type) and c is not Any for c in classes):
+                expected = classes
+            else:
+                expected = object
+        if expected is object or isinstance(state, expected):
+            return
+        hint = _hint(state, expected[0] if isinstance(expected, tuple) else expected)
+        raise ArgumentTypeError(
+            f"{owner}: argument `state` must be {_expected(annotation)}, got "
+            f"{_describe(state)}." + hint
+        )
+
+    return check_state
+
+
 def run_checked(
     fn: Callable, checked: Callable, args: tuple, kwargs: dict, owner: str
 ) -> Any:

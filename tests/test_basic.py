@@ -170,3 +170,33 @@ def test_stateless_on_a_whole_model_with_non_array_leaves():
     step = eqx.filter_jit(chained.update)
     updates, _ = step(grads, chained.init(model), model)
     np.testing.assert_allclose(updates.w, 2 * grads.w + model.w, rtol=1e-6)
+
+
+def test_every_learning_rate_casts_its_factor_to_the_update_dtype():
+    # One product for every learning rate (`eqopt._leaf_scales.scale_updates`):
+    # the factor, weak or strong, times the multiplier where groups set one, in
+    # the update's dtype: bfloat16 stays bfloat16, complex stays complex.
+    from eqopt._leaf_scales import LeafScales, scale_updates
+
+    g = {"b": jnp.array([0.3, -1.7], jnp.bfloat16), "c": jnp.array([1 - 2j])}
+    rate = jnp.float32(0.37)  # strongly typed, as a schedule's value is
+
+    def check(updates, factor, keys=("b", "c")):
+        for key in keys:
+            want = jnp.asarray(factor).astype(g[key].dtype) * g[key]
+            assert updates[key].dtype == g[key].dtype
+            np.testing.assert_array_equal(updates[key], want)
+
+    def first_update(tx):
+        return tx.update(g, tx.init(g))[0]
+
+    check(first_update(eqopt.scale(0.37)), 0.37)
+    check(first_update(eqopt.scale_by_learning_rate(0.37)), -0.37)
+    check(first_update(eqopt.scale_by_schedule(lambda t: rate)), rate)
+    check(first_update(eqopt.scale_by_learning_rate(lambda t: rate)), -rate)
+    swept = jax.vmap(lambda r: scale_updates(g, r))(jnp.stack([rate, 2 * rate]))
+    assert jax.tree.map(lambda x: x.dtype, swept) == jax.tree.map(lambda x: x.dtype, g)
+    scales = LeafScales.build(jax.tree.structure(g), (2.0, None))
+    by_leaf = scale_updates(g, rate, scales)
+    check(by_leaf, rate * jnp.float32(2.0), keys=("b",))
+    assert by_leaf["c"] is g["c"]  # no multiplier: not scaled

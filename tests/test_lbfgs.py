@@ -44,6 +44,13 @@ TRANSFORM_CASES = [
         lambda: eqopt.lbfgs(learning_rate=0.3, memory_size=3, linesearch=None),
         lambda: optax.lbfgs(learning_rate=0.3, memory_size=3, linesearch=None),
         NO_LINESEARCH,
+        # Random gradients make curvature pairs with a small y.s, and a fixed
+        # rate 0.3 without a line search moves the parameters to ~10 in four
+        # steps: the two-loop recursion carries each step's rounding into the
+        # next (3.5e-4 absolute on entries of ~14 when the order of the sums
+        # changes with XLA's optimisation level, as the test suite's compile
+        # settings do; the other L-BFGS cases keep the default tolerances).
+        atol=1e-3,
     ),
     Case(
         "lbfgs-backtracking",

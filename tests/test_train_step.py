@@ -91,7 +91,7 @@ def test_gradient_of_unpack_is_one_concatenation():
     per buffer, and the forward reads every leaf at a runtime offset, so that the
     leaves of a shape share their kernels."""
     packed = eqopt.pack(_model())
-    n_leaves = len(packed.layout.slots)
+    n_leaves = packed.layout.n_leaves()
     jaxpr = jax.make_jaxpr(eqx.filter_grad(lambda p: _loss(p.unpack())))(packed)
     text = str(jaxpr)
     assert " pad[" not in text

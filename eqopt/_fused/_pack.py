@@ -72,6 +72,20 @@ class _Layout(_Static):
     def sizes(self) -> tuple[int, ...]:
         return tuple(size for _, size, _ in self.buffers)
 
+    def n_leaves(self) -> int:
+        """How many trainable leaves the buffers hold."""
+        return len(self.slots)
+
+    def segments(self, per_leaf: Any) -> tuple[tuple[tuple[Any, int], ...], ...]:
+        """Per buffer, its leaves in the buffer's order as `(value, size)` pairs:
+        `value` is `per_leaf[i]` for the leaf at position `i` of the model's leaves
+        (`None` counted), `size` its number of elements."""
+        parts: list[list[tuple[Any, int]]] = [[] for _ in self.buffers]
+        for slot in self.slots:
+            size = int(np.prod(slot.shape, dtype=np.int64))
+            parts[slot.buffer].append((per_leaf[slot.leaf_index], size))
+        return tuple(tuple(part) for part in parts)
+
 
 class _Rest(_Static):
     # The model's treedef (with `None` counted as a leaf) and the positions of
@@ -343,12 +357,9 @@ class Packed(eqx.Module):
         of the compiled program).
         """
         flags = jax.tree.flatten(selected, is_leaf=is_none)[0]
-        parts: list[list[tuple[bool, int]]] = [[] for _ in self.layout.buffers]
-        for slot in self.layout.slots:
-            size = int(np.prod(slot.shape, dtype=np.int64))
-            parts[slot.buffer].append((bool(flags[slot.leaf_index]), size))
         masks: list[Any] = []
-        for segments in parts:
+        for segments in self.layout.segments(flags):
+            segments = [(bool(flag), size) for flag, size in segments]
             values = {flag for flag, _ in segments}
             if values == {True}:
                 masks.append(True)

@@ -1,7 +1,7 @@
 """Stateless building blocks and scaling: identity, set_to_zero, stateless, scale..."""
 
 from collections.abc import Callable
-from typing import Any, no_type_check
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -28,7 +28,7 @@ from .._hyper import (
     check_hyperparameter,
 )
 from .._interop import as_transform
-from .._leaf_scales import LeafScales, scale_leaves
+from .._leaf_scales import LeafScales, scale_updates
 from .._leafwise import leafwise
 from .._numerics import safe_int32_increment
 from .._scheduled import (
@@ -228,17 +228,6 @@ def with_extra_args_support(tx: Any) -> AbstractGradientTransformation:
 # ---------------------------------------------------------------------------
 
 
-@no_type_check
-def _scaled(updates, factor):
-    """`leafwise` of `factor * g`, `factor` made an array once, not per leaf."""
-    factor = jnp.asarray(factor)
-    if factor.weak_type:
-        return leafwise(lambda g: factor * g, updates)
-    # A strongly-typed factor (a schedule's output, a vmapped sweep) must not
-    # promote a bfloat16 update to float32.
-    return leafwise(lambda g: factor.astype(g.dtype) * g, updates)
-
-
 @checked
 class Scale(AbstractGradientTransformation):
     r"""Multiplies the updates by a fixed factor.
@@ -274,7 +263,7 @@ class Scale(AbstractGradientTransformation):
         params: Params | None = None,
         **extra_args: Any,
     ) -> tuple[Updates, EmptyState]:
-        return _scaled(updates, self.step_size), state
+        return scale_updates(updates, self.step_size), state
 
 
 @checked
@@ -315,8 +304,7 @@ class ScaleBySchedule(AbstractGradientTransformation):
         params: Params | None = None,
         **extra_args: Any,
     ) -> tuple[Updates, ScaleByScheduleState]:
-        step_size = jnp.asarray(self.step_size_fn(state.count))
-        updates = leafwise(lambda g: jnp.asarray(step_size, dtype=g.dtype) * g, updates)
+        updates = scale_updates(updates, self.step_size_fn(state.count))
         return updates, ScaleByScheduleState(count=safe_int32_increment(state.count))
 
 
@@ -383,17 +371,7 @@ class ScaleByLearningRate(AbstractGradientTransformation):
             return updates, state
         sign = -1 if self.flip_sign else 1
         learning_rate, new_state = current_value(self.learning_rate, state)
-        step_size = sign * learning_rate
-        if self.scales is not None:
-            cast = callable(self.learning_rate)
-            updates = scale_leaves(updates, step_size, self.scales, cast=cast)
-        elif callable(self.learning_rate):
-            updates = leafwise(
-                lambda g: jnp.asarray(step_size, dtype=g.dtype) * g, updates
-            )
-        else:
-            updates = _scaled(updates, step_size)
-        return updates, new_state
+        return scale_updates(updates, sign * learning_rate, self.scales), new_state
 
 
 @checked

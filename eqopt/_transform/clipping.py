@@ -1,6 +1,6 @@
 """Clipping: by value and by global norm."""
 
-from typing import Any, no_type_check
+from typing import Any
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from .._base import AbstractGradientTransformation, EmptyState, Params, Updates
 from .._entry import init_entry, update_entry
 from .._hyper import Scalar, ScalarLike, as_scalar, check_hyperparameter
+from .._leaf_scales import scale_updates
 from .._leafwise import leafwise
 from .._numerics import tree_l2_norm
 from .._typecheck import checked
@@ -112,12 +113,7 @@ class ClipByGlobalNorm(AbstractGradientTransformation):
         # norm did: XLA keeps divisions, and materialised it). The result equals
         # Optax's `g / norm * max_norm` to a rounding.
         factor = jnp.where(norm < self.max_norm, 1.0, self.max_norm / norm)
-
-        @no_type_check
-        def rescale(g):
-            return factor.astype(g.dtype) * g
-
-        return leafwise(rescale, updates), state
+        return scale_updates(updates, factor), state
 
 
 @checked

@@ -7,9 +7,9 @@ import jax
 import jax.numpy as jnp
 
 from .._base import AbstractGradientTransformation, OptState, Params, Updates
-from .._entry import init_entry, update_entry
+from .._entry import _call_unpacked, init_entry, update_entry
 from .._filters import FilterSpec, select_trainable, warn_if_selects_nothing
-from .._fused._pack import Packed, contains_packed, repack_like, unpack_all
+from .._fused._pack import Packed, contains_packed, unpack_all
 from .._hyper import (
     Scalar,
     ScalarOrSchedule,
@@ -117,6 +117,26 @@ class AddDecayedWeights(AbstractGradientTransformation):
             raise ValueError(
                 "add_decayed_weights needs `params`: call `update(updates, state, params)`."
             )
+        if self._by_leaf(updates, params):
+            # A mask, multipliers or the sign test select by leaf, and a packed
+            # tree here is not a whole pair of `Packed` whose buffers they can
+            # select segments of: the entry's adapter gives the unpacked trees.
+            return _call_unpacked(
+                AddDecayedWeights._decay, self, updates, state, params, extra_args
+            )
+        return self._decay(updates, state, params)
+
+    def _by_leaf(self, updates: Updates, params: Params | None) -> bool:
+        # Whether this call needs the model's leaves of a partly packed pair.
+        whole = isinstance(updates, Packed) and isinstance(params, Packed)
+        return (
+            (self.cautious or self.mask is not None or self.scales is not None)
+            and params is not None
+            and not whole
+            and contains_packed(updates, params)
+        )
+
+    def _decay(self, updates, state, params, **extra_args):
         weight_decay, state = current_value(self.weight_decay, state)
         if params is None:  # nothing to decay (an empty group of a partition)
             return updates, state
@@ -137,20 +157,19 @@ def _aligned(u, p):
 def _decayed(mask_spec, scales, weight_decay, updates, params, cautious=False):
     """`updates + weight_decay * params` on the leaves `mask_spec` selects, the decay
     times each leaf's multiplier (`scales`, from `eqopt.param_groups`); with
-    `cautious`, only the entries of `params` that agree with `updates` in sign."""
+    `cautious`, only the entries of `params` that agree with `updates` in sign.
+    Packed trees come as a pair of `Packed` or inside a tree decayed as a whole
+    (`AddDecayedWeights._by_leaf`)."""
+    packed = isinstance(params, Packed) and isinstance(updates, Packed)
     if cautious:
-        if isinstance(params, Packed) and isinstance(updates, Packed):
+        if packed:
             buffers = tuple(map(_aligned, updates.buffers, params.buffers))
             params = Packed(buffers=buffers, rest=params.rest, layout=params.layout)
-        elif contains_packed(updates, params):
-            return _decayed_unpacked(
-                mask_spec, scales, weight_decay, updates, params, cautious
-            )
         else:
             params = jax.tree.map(_aligned, updates, params, is_leaf=is_none)
     if mask_spec is None and scales is None:
         return leafwise(lambda g, p: weight_decay * p + g, updates, params)
-    if isinstance(params, Packed) and isinstance(updates, Packed):
+    if packed:
         # A mask selects segments of the packed buffers.
         if mask_spec is None:
             selected = (True,) * len(params.buffers)
@@ -160,28 +179,11 @@ def _decayed(mask_spec, scales, weight_decay, updates, params, cautious=False):
             )
             selected = params.segment_masks(mask)
         return decay_leaves(updates, params, weight_decay, scales, selected)
-    if contains_packed(updates, params):
-        return _decayed_unpacked(mask_spec, scales, weight_decay, updates, params)
     if mask_spec is None:
         selected = jax.tree.map(lambda _: True, params, is_leaf=is_none)
     else:
         selected = select_trainable(mask_spec, params, what="weight-decay mask")
     return decay_leaves(updates, params, weight_decay, scales, selected)
-
-
-def _decayed_unpacked(mask_spec, scales, weight_decay, updates, params, cautious=False):
-    """`_decayed` where one of `updates` and `params` is packed: on the unpacked
-    trees, repacked as the packed one."""
-    reference = updates if contains_packed(updates) else params
-    new = _decayed(
-        mask_spec,
-        scales,
-        weight_decay,
-        unpack_all(updates),
-        unpack_all(params),
-        cautious,
-    )
-    return repack_like(reference, new)
 
 
 @checked

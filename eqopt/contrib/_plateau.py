@@ -18,7 +18,7 @@ from .._hyper import (
     check_hyperparameter,
     is_concrete,
 )
-from .._leafwise import leafwise
+from .._leaf_scales import scale_updates
 from .._numerics import safe_increment
 from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
@@ -189,7 +189,7 @@ class ReduceOnPlateau(AbstractGradientTransformation):
             count == self.accumulation_size, self._evaluate, lambda s: s, state
         )
         scale = state.scale
-        return leafwise(lambda g: scale.astype(g.dtype) * g, updates), state
+        return scale_updates(updates, scale), state
 
 
 @checked
