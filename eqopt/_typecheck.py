@@ -271,31 +271,26 @@ def state_checker(fn: Callable, owner: str) -> Callable[[Any], None]:
     would otherwise read a field that is not there. One `isinstance` per part
     and trace; the message is the one the full check gives.
     """
-    expected: Any = None
-    annotation: Any = object
+    annotation: Any = None
+    classes: tuple[type, ...] = ()  # empty: no class to check against
 
     def check_state(state: Any) -> None:
-        nonlocal expected, annotation
-        if expected is None:
+        nonlocal annotation, classes
+        if annotation is None:  # resolved on the first call: forward references
             try:
-                annotation = typing.get_type_hints(fn).get("state", object)
+                annotation = typing.get_type_hints(fn).get("state", Any)
             except Exception:  # an annotation that does not resolve: no check
-                annotation = object
-            classes = typing.get_args(annotation) if _is_union(annotation) else ()
-            if annotation is Any:
-                expected = object
-            elif isinstance(annotation, type):
-                expected = annotation
-            elif classes and all(isinstance(c, type) and c is not Any for c in classes):
-                expected = classes
-            else:
-                expected = object
-        if expected is object or isinstance(state, expected):
+                annotation = Any
+            found = (
+                typing.get_args(annotation) if _is_union(annotation) else (annotation,)
+            )
+            if all(isinstance(c, type) and c is not Any for c in found):
+                classes = found
+        if not classes or isinstance(state, classes):
             return
-        hint = _hint(state, expected[0] if isinstance(expected, tuple) else expected)
         raise ArgumentTypeError(
             f"{owner}: argument `state` must be {_expected(annotation)}, got "
-            f"{_describe(state)}." + hint
+            f"{_describe(state)}." + _hint(state, classes[0])
         )
 
     return check_state
