@@ -269,7 +269,7 @@ def state_checker(fn: Callable, owner: str) -> Callable[[Any], None]:
     A chain's or wrapper's own check sees only its own state class: given the
     state of another optimiser with the same outer class (two chains), a part
     would otherwise read a field that is not there. One `isinstance` per part
-    and trace; the message is the one the full check gives.
+    and call (once per trace under `jit`); the message is the one the full check gives.
     """
     annotation: Any = None
     classes: tuple[type, ...] = ()  # empty: no class to check against
