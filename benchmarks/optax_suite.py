@@ -74,6 +74,9 @@ SHIM_MAP = {
     "optax.perturbations": ("eqopt.perturbations",),
     "optax.monte_carlo": ("eqopt.monte_carlo",),
     "optax.experimental": ("eqopt.experimental",),
+    # Optax's private module, exported as `optax.experimental.aggregating`.
+    "optax.experimental._aggregating": ("eqopt.experimental.aggregating",),
+    "optax.experimental.aggregating": ("eqopt.experimental.aggregating",),
 }
 
 # Optax names spelt differently in eqopt, looked up before the map: Optax's

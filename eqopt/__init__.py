@@ -23,6 +23,7 @@ if _TYPE_CHECKING:
     from . import (
         assignment as assignment,
         contrib as contrib,
+        experimental as experimental,
         losses as losses,
         microbatching as microbatching,
         monte_carlo as monte_carlo,

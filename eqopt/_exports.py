@@ -11,6 +11,7 @@ that each name is documented.
 SUBMODULES: tuple[str, ...] = (
     "assignment",
     "contrib",
+    "experimental",
     "losses",
     "microbatching",
     "monte_carlo",

@@ -112,6 +112,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "eqopt._wrappers",
             "eqopt._wrappers.*",
             "eqopt.microbatching",
+            "eqopt.experimental",
+            "eqopt.experimental.*",
             "eqopt.transforms",
             "eqopt._zero",
             "eqopt._zero_rule",
