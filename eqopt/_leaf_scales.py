@@ -183,7 +183,8 @@ def scale_updates(updates: Any, factor: Any, scales: LeafScales | None = None) -
 
     **Returns:** the scaled updates, each in its own dtype.
     """
-    factor = jnp.asarray(factor)
+    if not isinstance(factor, jax.Array):
+        factor = jnp.asarray(factor)
     if scales is not None:
         scales.check(updates, "updates")
         if isinstance(updates, Packed):
@@ -201,7 +202,8 @@ def scale_updates(updates: Any, factor: Any, scales: LeafScales | None = None) -
         if g is None or index is None:
             out.append(g)
             continue
-        key = (index, g.dtype, g.ndim)
+        # The leaf's rank matters only to a stack's factors (one per slice).
+        key = (index, g.dtype, 0 if scales is None else g.ndim)
         if key not in products:
             m = None if scales is None else scales.values[index]
             products[key] = _rate(factor, m, g.dtype, g.ndim)

@@ -117,14 +117,15 @@ class AddDecayedWeights(AbstractGradientTransformation):
             raise ValueError(
                 "add_decayed_weights needs `params`: call `update(updates, state, params)`."
             )
-        if self._by_leaf(updates, params):
+        # (Called through the class: a Module's bound method is a new Module.)
+        if AddDecayedWeights._by_leaf(self, updates, params):
             # A mask, multipliers or the sign test select by leaf, and a packed
             # tree here is not a whole pair of `Packed` whose buffers they can
             # select segments of: the entry's adapter gives the unpacked trees.
             return _call_unpacked(
                 AddDecayedWeights._decay, self, updates, state, params, extra_args
             )
-        return self._decay(updates, state, params)
+        return AddDecayedWeights._decay(self, updates, state, params)
 
     def _by_leaf(self, updates: Updates, params: Params | None) -> bool:
         # Whether this call needs the model's leaves of a partly packed pair.
