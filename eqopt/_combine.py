@@ -445,6 +445,9 @@ class Partition(AbstractGradientTransformation):
 
     - `transforms`: a dict from label to transform.
     - `param_labels`: the groups, as above.
+    - `warn_empty`: whether `init` warns of a group that selects no trainable
+      leaf (default `True`; Muon's family passes `False`, whose group of the
+      non-matrix leaves is empty on a model of matrices alone).
 
     !!! example
 
@@ -463,10 +466,18 @@ class Partition(AbstractGradientTransformation):
     # Labels, bools and predicates are not arrays, so `eqx.filter_jit` treats them
     # as static; a prefix pytree of them is kept as an ordinary field.
     param_labels: ParamLabels
+    warn_empty: bool = eqx.field(static=True)
 
-    def __init__(self, transforms: Mapping[Hashable, Any], param_labels: ParamLabels):
+    def __init__(
+        self,
+        transforms: Mapping[Hashable, Any],
+        param_labels: ParamLabels,
+        *,
+        warn_empty: bool = True,
+    ):
         self.transforms = {label: as_transform(t) for label, t in transforms.items()}
         self.param_labels = param_labels
+        self.warn_empty = warn_empty
 
     @property
     def elementwise(self) -> bool:
@@ -487,12 +498,13 @@ class Partition(AbstractGradientTransformation):
                 if _looks_like_filter_specs(self.param_labels, set(self.transforms))
                 else self.param_labels
             )
-            warn_if_selects_nothing(
-                mask,
-                f"group {label!r} of partition",
-                spec,
-                "its transform trains nothing",
-            )
+            if self.warn_empty:
+                warn_if_selects_nothing(
+                    mask,
+                    f"group {label!r} of partition",
+                    spec,
+                    "its transform trains nothing",
+                )
             inner_states[label] = transform.init(keep_selected(params, mask))
         return PartitionState(inner_states)
 

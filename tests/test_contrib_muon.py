@@ -462,3 +462,16 @@ def test_dimension_numbers_choose_the_muon_leaves_as_optax_does(preconditioning)
     mu = muon_mu(params, {"w1": MuonDimensionNumbers(), "w2": None})
     assert mu["w1"]["a"] is not None and mu["w1"]["b"] is not None
     assert mu["w2"]["a"] is None and mu["w2"]["b"] is None
+
+
+def test_matrices_alone_do_not_warn():
+    # Muon's AdamW group is empty on a model of matrices alone: that is not the
+    # user's mistake, so `init` says nothing (a user's own empty partition group
+    # still warns: tests/test_masked.py).
+    import warnings
+
+    params = {"a": jnp.ones((4, 3)), "b": jnp.ones((2, 4))}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        state = eqopt.contrib.muon(1e-3).init(params)
+    assert state is not None

@@ -570,4 +570,6 @@ def _matrices_and_the_rest(
             name: selection_spec(spec, MuonDimensionNumbers),
             "adam": selection_spec(spec, MuonDimensionNumbers, complement=True),
         },
+        # A model of matrices alone leaves "adam" empty: not the user's mistake.
+        warn_empty=False,
     )
