@@ -91,7 +91,7 @@ REASONS = (
         _has("must be a pytree of floating or complex arrays"),
     ),
     (
-        "only inexact arrays are trained (a Python float param is not)",
+        "only inexact arrays are trained (a Python float or `None` param is not)",
         "deliberate",
         _has(r"not trainable \(not an inexact array\)"),
     ),
