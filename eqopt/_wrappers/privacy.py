@@ -1,7 +1,7 @@
 """Differentially private SGD: per-example clipping, noisy aggregation and `dpsgd`."""
 
 import warnings
-from typing import Any, no_type_check
+from typing import Any, ClassVar, no_type_check
 
 import equinox as eqx
 import jax
@@ -299,10 +299,8 @@ class DifferentiallyPrivateAggregate(AbstractGradientTransformation):
     def elementwise(self) -> bool:
         return False
 
-    @property
-    def per_example_updates(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
-        """The updates it takes have a batch axis 0 (a chain it starts checks them here)."""
-        return True
+    #: The updates it takes have a batch axis 0 (a chain it starts checks them here).
+    per_example_updates: ClassVar[bool] = True
 
     @init_entry
     def init(self, params: Params) -> DifferentiallyPrivateAggregateState:

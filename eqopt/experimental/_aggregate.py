@@ -3,7 +3,7 @@
 import math
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeAlias, no_type_check
+from typing import Any, ClassVar, Protocol, TypeAlias, no_type_check
 
 import equinox as eqx
 import jax
@@ -393,10 +393,8 @@ class AveragePerElementUpdates(AbstractGradientTransformation):
         # Its updates have a per-element axis: never packed into flat buffers.
         return False
 
-    @property
-    def per_example_updates(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
-        """Always: it averages per-element updates."""
-        return True
+    #: It averages per-element updates.
+    per_example_updates: ClassVar[bool] = True
 
     @init_entry
     def init(self, params: Params) -> EmptyState:

@@ -1,7 +1,7 @@
 """The mean and variance of per-element gradients, over a batch and over time."""
 
 from collections.abc import Sequence
-from typing import Any, no_type_check
+from typing import Any, ClassVar, no_type_check
 
 import equinox as eqx
 import jax
@@ -114,10 +114,8 @@ class PerElementMeanAndSumSqDiffGrads(AbstractGradientTransformation):
         # Its updates have a per-element axis: never packed into flat buffers.
         return False
 
-    @property
-    def per_example_updates(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
-        """Always: it reduces per-element updates."""
-        return True
+    #: It reduces per-element updates.
+    per_example_updates: ClassVar[bool] = True
 
     @init_entry
     def init(self, params: Params) -> PerElementMeanAndSumSqDiffGradsState | EmptyState:
