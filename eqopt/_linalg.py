@@ -1,5 +1,6 @@
 """Small linear-algebra helpers used by optimisers: power iteration, inverse p-th
-roots, non-negative least squares, and gradient scaling."""
+roots, non-negative least squares, gradient scaling, and the matrix decompositions
+of per-layer preconditioners (one slice of a stack at a time on the CPU)."""
 
 from collections.abc import Callable
 from typing import Any
@@ -115,6 +116,52 @@ def power_iteration(
     init = (v0, z0, jnp.zeros((), eig_dtype), jnp.asarray(0))
     _, product, eigenvalue, _ = lax.while_loop(cond, body, init)
     return eigenvalue, _normalise(product)
+
+
+# ---------------------------------------------------------------------------
+# Decompositions of stacked layers
+# ---------------------------------------------------------------------------
+
+
+def _one_slice_at_a_time(
+    decomposition: Callable[[Array], Any],
+) -> Callable[[Array], Any]:
+    """`decomposition` of one matrix; under `vmap`, a loop over the slices on the CPU.
+
+    Per-layer optimisers vmap their step over a scanned model's stack axes, so a
+    decomposition there becomes one batched LAPACK call. On the CPU, jaxlib
+    splits a batched call over XLA's thread pool and blocks a pool thread until
+    its parts finish; two such calls running at once on a two-thread pool wait
+    for each other for ever (SOAP's two QRs of a `(24, 256, 64)` stack on a
+    2-core machine, jax 0.10.2). Looping over the slices calls LAPACK once per
+    matrix, as a list of layers does; other backends keep the batched call.
+    """
+
+    @jax.custom_batching.custom_vmap
+    def decompose(matrix):
+        return decomposition(matrix)
+
+    @decompose.def_vmap
+    def _batched(axis_size, in_batched, matrix):
+        (batched,) = in_batched
+        if not batched:
+            out = decompose(matrix)
+        else:
+            out = lax.platform_dependent(
+                matrix,
+                cpu=lambda m: lax.map(decompose, m),
+                default=jax.vmap(decomposition),
+            )
+        return out, jax.tree.map(lambda _: batched, out)
+
+    return decompose
+
+
+#: `jnp.linalg.eigh`, `jnp.linalg.qr` (reduced) and the thin `jnp.linalg.svd` of
+#: one matrix, safe to vmap over a stack on the CPU (`_one_slice_at_a_time`).
+eigh = _one_slice_at_a_time(jnp.linalg.eigh)
+qr = _one_slice_at_a_time(jnp.linalg.qr)
+thin_svd = _one_slice_at_a_time(lambda m: jnp.linalg.svd(m, full_matrices=False))
 
 
 # ---------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from .._hyper import (
 from .._layer_axes import stack_axes
 from .._leafwise import per_slice
 from .._leaves import InputError, is_none, is_trainable
+from .._linalg import qr
 from .._numerics import safe_int32_increment
 from .._optax_tuple import OptaxTuple
 from .._sharding import gathered
@@ -80,7 +81,7 @@ def _dion_step(g, mu, q, dims, *, momentum, eps):
     # A zero B (no gradient yet) would zero the factor for good: keep the factor,
     # and step by zero.
     nonzero = jnp.any(b != 0)
-    p = jnp.linalg.qr(b @ right)[0] * nonzero
+    p = qr(b @ right)[0] * nonzero
     r = b.conj().T @ p
     new_b = b - (1 - momentum) * (p @ r.conj().T)
     new_right = r / (jnp.linalg.norm(r, axis=0, keepdims=True) + eps)

@@ -24,6 +24,7 @@ from .._hyper import Scalar, ScalarLike, ScalarOrSchedule, as_scalar
 from .._interop import as_transform
 from .._layer_axes import stack_axes
 from .._leafwise import per_slice
+from .._linalg import thin_svd
 from .._numerics import safe_int32_increment
 from .._optax_tuple import OptaxTuple
 from .._structure import structure_mismatch_message
@@ -253,7 +254,7 @@ class ScaleByGaLore(AbstractGradientTransformation):
                 # The decomposition is global: an explicitly sharded gradient is
                 # gathered for it, and the projector is replicated.
                 full = _sharding.gathered(matrix)[0].astype(svd_dtype)
-                u, _, vh = jnp.linalg.svd(full, full_matrices=False)
+                u, _, vh = thin_svd(full)
                 basis = u[:, :r] if left else vh[:r, :].conj().T
                 # Laid out as the state keeps it (split under ZeRO-1).
                 return _sharding.like(basis.astype(g.dtype), projector)

@@ -25,7 +25,7 @@ from .._hyper import (
 from .._layer_axes import stack_axes
 from .._leafwise import map_layers
 from .._leaves import InputError, path_str
-from .._linalg import matrix_inverse_pth_root
+from .._linalg import eigh, matrix_inverse_pth_root
 from .._numerics import safe_int32_increment
 from .._optax_tuple import OptaxTuple
 from .._sharding import gathered, like, whole
@@ -258,7 +258,7 @@ class ScaleByShampoo(AbstractGradientTransformation):
                 statistic, exponent, ridge_epsilon=self.matrix_epsilon
             )
         # The eigenvalues of S + r I are those of S plus r: one decomposition.
-        values, vectors = jnp.linalg.eigh(statistic)
+        values, vectors = eigh(statistic)
         ridge = self.matrix_epsilon * jnp.maximum(values[-1], 1e-16)
         inverse = jnp.maximum(values + ridge, ridge) ** (-1.0 / exponent)
         root = (vectors * inverse[None, :]) @ vectors.T

@@ -21,6 +21,7 @@ from .._hyper import (
     check_hyperparameter,
 )
 from .._leafwise import map_layers
+from .._linalg import eigh, qr
 from .._numerics import safe_int32_increment
 from .._optax_tuple import OptaxTuple
 from .._sharding import gathered, whole
@@ -54,7 +55,7 @@ class ScaleBySoapState(eqx.Module, OptaxTuple):
 @no_type_check
 def _eigenbasis(statistic):
     """The eigenvectors of a symmetric matrix, by decreasing eigenvalue."""
-    _, vectors = jnp.linalg.eigh(statistic)
+    _, vectors = eigh(statistic)
     return vectors[:, ::-1]
 
 
@@ -240,7 +241,7 @@ class ScaleBySoap(AbstractGradientTransformation):
                     product = s @ q
                     order = jnp.argsort(-jnp.sum(q * product, axis=0))
                     nu = jnp.take(nu, order, axis=axis)
-                    new_bases.append(jnp.linalg.qr(product[:, order])[0])
+                    new_bases.append(qr(product[:, order])[0])
                 return tuple(new_bases), nu.reshape(g.shape)
 
             bases, new_nu = jax.lax.switch(

@@ -22,6 +22,7 @@ from .._hyper import (
 from .._layer_axes import stack_axes
 from .._leafwise import leafwise, map_layers, per_slice, zeros_like_trainable
 from .._leaves import is_none, is_trainable
+from .._linalg import eigh
 from .._numerics import safe_int32_increment
 from .._optax_tuple import OptaxTuple
 from .._sharding import gathered, whole
@@ -152,7 +153,7 @@ class ScaleBySPlus(AbstractGradientTransformation):
         @no_type_check
         def eigenbasis(side):
             shifted = side + eps * jnp.eye(side.shape[0], dtype=side.dtype)
-            return jnp.linalg.eigh(shifted)[1].astype(side.dtype)
+            return eigh(shifted)[1].astype(side.dtype)
 
         @no_type_check
         def step(g, mu, sides, bases):
