@@ -123,9 +123,7 @@ def power_iteration(
 # ---------------------------------------------------------------------------
 
 
-def _one_slice_at_a_time(
-    decomposition: Callable[[Array], Any],
-) -> Callable[[Array], Any]:
+def _one_slice_at_a_time(decomposition: Callable[..., Any]) -> Callable[..., Any]:
     """`decomposition` of one matrix; under `vmap`, a loop over the slices on the CPU.
 
     Per-layer optimisers vmap their step over a scanned model's stack axes, so a
@@ -135,33 +133,51 @@ def _one_slice_at_a_time(
     for each other for ever (SOAP's two QRs of a `(24, 256, 64)` stack on a
     2-core machine, jax 0.10.2). Looping over the slices calls LAPACK once per
     matrix, as a list of layers does; other backends keep the batched call.
+    The arguments are arrays; those not batched are shared by every slice.
     """
 
     @jax.custom_batching.custom_vmap
-    def decompose(matrix):
-        return decomposition(matrix)
+    def decompose(*args):
+        return decomposition(*args)
 
     @decompose.def_vmap
-    def _batched(axis_size, in_batched, matrix):
-        (batched,) = in_batched
-        if not batched:
-            out = decompose(matrix)
+    def _batched(axis_size, in_batched, *args):
+        if not any(in_batched):
+            out = decompose(*args)
         else:
+
+            def loop(*args):
+                def one(sliced):
+                    sliced = iter(sliced)
+                    return decompose(
+                        *(
+                            next(sliced) if b else a
+                            for a, b in zip(args, in_batched, strict=True)
+                        )
+                    )
+
+                return lax.map(
+                    one, tuple(a for a, b in zip(args, in_batched, strict=True) if b)
+                )
+
+            axes = tuple(0 if b else None for b in in_batched)
             out = lax.platform_dependent(
-                matrix,
-                cpu=lambda m: lax.map(decompose, m),
-                default=jax.vmap(decomposition),
+                *args, cpu=loop, default=jax.vmap(decomposition, in_axes=axes)
             )
-        return out, jax.tree.map(lambda _: batched, out)
+        return out, jax.tree.map(lambda _: any(in_batched), out)
 
     return decompose
 
 
 #: `jnp.linalg.eigh`, `jnp.linalg.qr` (reduced) and the thin `jnp.linalg.svd` of
-#: one matrix, safe to vmap over a stack on the CPU (`_one_slice_at_a_time`).
+#: one matrix, and the solve `X A = B` of an upper-triangular `A` (Kron's), safe
+#: to vmap over a stack on the CPU (`_one_slice_at_a_time`).
 eigh = _one_slice_at_a_time(jnp.linalg.eigh)
 qr = _one_slice_at_a_time(jnp.linalg.qr)
 thin_svd = _one_slice_at_a_time(lambda m: jnp.linalg.svd(m, full_matrices=False))
+solve_upper_right = _one_slice_at_a_time(
+    lambda a, b: lax.linalg.triangular_solve(a, b, left_side=False, lower=False)
+)
 
 
 # ---------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from eqopt._linalg import (
     power_iteration,
     qr,
     scale_gradient,
+    solve_upper_right,
     thin_svd,
 )
 
@@ -146,10 +147,28 @@ def test_scale_gradient_traced_scale_and_models():
         )
 
 
+def _stack(shape, seed=0):
+    return jax.random.normal(jax.random.key(seed), (3, 2, *shape))
+
+
 _DECOMPOSITIONS = {
-    "eigh": (eigh, jnp.linalg.eigh),
-    "qr": (qr, jnp.linalg.qr),
-    "thin_svd": (thin_svd, lambda m: jnp.linalg.svd(m, full_matrices=False)),
+    "eigh": (eigh, jnp.linalg.eigh, lambda: (_stack((6, 4)) @ _stack((4, 6)),)),
+    "qr": (qr, jnp.linalg.qr, lambda: (_stack((6, 4)),)),
+    "thin_svd": (
+        thin_svd,
+        lambda m: jnp.linalg.svd(m, full_matrices=False),
+        lambda: (_stack((6, 4)),),
+    ),
+    "solve_upper_right": (
+        solve_upper_right,
+        lambda a, b: jax.lax.linalg.triangular_solve(
+            a, b, left_side=False, lower=False
+        ),
+        lambda: (
+            jnp.triu(_stack((5, 5))) + 4 * jnp.eye(5)[None, None],
+            _stack((7, 5), seed=1),
+        ),
+    ),
 }
 
 
@@ -160,17 +179,25 @@ def test_stacked_decompositions_call_lapack_once_per_matrix(name):
     a batched call over XLA's thread pool and blocks a pool thread on it, and two
     such calls at once deadlock a two-thread pool (SOAP's refresh of a scanned
     model hung that way on a 2-core machine)."""
-    ours, reference = _DECOMPOSITIONS[name]
-    a = jax.random.normal(jax.random.key(0), (3, 2, 6, 4))
-    matrix = a @ jnp.swapaxes(a, -1, -2) if name == "eigh" else a
+    ours, reference, make_args = _DECOMPOSITIONS[name]
+    args = make_args()
     stacked = jax.jit(jax.vmap(jax.vmap(ours)))
     for got, want in zip(
-        jax.tree.leaves(stacked(matrix)), jax.tree.leaves(reference(matrix)), strict=True
+        jax.tree.leaves(stacked(*args)), jax.tree.leaves(reference(*args)), strict=True
     ):
         np.testing.assert_array_equal(got, want)
-    np.testing.assert_array_equal(ours(matrix[0, 0])[0], reference(matrix[0, 0])[0])
+    one = [x[0, 0] for x in args]
+    np.testing.assert_array_equal(
+        jax.tree.leaves(ours(*one))[0], jax.tree.leaves(reference(*one))[0]
+    )
+    # A matrix shared by every slice (not batched) is passed to each.
+    shared = jax.vmap(ours, in_axes=(None,) + (0,) * (len(args) - 1))
+    if len(args) > 1:
+        got = jax.jit(shared)(one[0], *(x[0] for x in args[1:]))
+        want = jax.vmap(reference, in_axes=(None, 0))(one[0], args[1][0])
+        np.testing.assert_array_equal(got, want)
     if jax.default_backend() == "cpu":
-        hlo = stacked.lower(matrix).compile().as_text()
+        hlo = stacked.lower(*args).compile().as_text()
         results = re.findall(r"= (.*) custom-call\(.*custom_call_target=\"lapack_", hlo)
         assert results
         for result in results:

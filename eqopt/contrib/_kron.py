@@ -23,6 +23,7 @@ from .._hyper import (
     check_hyperparameter,
 )
 from .._leafwise import map_layers
+from .._linalg import solve_upper_right
 from .._numerics import safe_int32_increment
 from .._optax_tuple import OptaxTuple
 from .._sharding import gathered, whole
@@ -156,9 +157,7 @@ def _refit(factors, g, probe, learning_rate):
             b = b / q.reshape([-1 if i == axis else 1 for i in range(b.ndim)])
         else:  # B = V Q^{-1} along this axis: a triangular solve, not an inverse
             moved = jnp.moveaxis(b, axis, -1)
-            solved = jax.lax.linalg.triangular_solve(
-                q, moved.reshape(-1, q.shape[0]), left_side=False, lower=False
-            )
+            solved = solve_upper_right(q, moved.reshape(-1, q.shape[0]))
             b = jnp.moveaxis(solved.reshape(moved.shape), -1, axis)
     new = []
     for axis, q in enumerate(factors):
