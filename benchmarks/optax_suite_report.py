@@ -185,12 +185,6 @@ REASONS = (
         ),
     ),
     (
-        "only inexact arrays are differentiated, as by `eqx.filter_grad` "
-        "(the test differentiates a Python float)",
-        "deliberate",
-        _in("MicrobatchingTest::test_micro_grad_early_stopping"),
-    ),
-    (
         "a chain's state is a `ChainState`, not a tuple: the test compares it "
         "with a tuple, or its paths have `.states`",
         "deliberate",

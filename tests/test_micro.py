@@ -128,3 +128,25 @@ def test_micro_grad_on_an_equinox_model():
     expected = jax.tree.map(lambda *g: sum(g), *per_example)
     _close(summed, expected)
     assert aux.values.shape == (4,) and aux.metrics is None
+
+
+def test_micro_grad_of_a_python_float():
+    """An argument that is itself a Python float is differentiated, as `jax.grad`
+    and Optax's `micro_grad` differentiate it; inside a pytree only arrays are."""
+
+    def loss(c, x):
+        return c * x.sum()
+
+    ours = eqopt.microbatching.micro_grad(
+        loss, microbatch_size=4, num_real_microbatches=3
+    )
+    theirs = optax.microbatching.micro_grad(
+        loss, microbatch_size=4, num_real_microbatches=3
+    )
+    got, want = ours(1.0, jnp.ones(16))[0], theirs(1.0, jnp.ones(16))[0]
+    assert float(got) == float(want) == 12.0
+    model = eqx.nn.Dropout(0.5)  # its `p` is a Python float leaf: not differentiated
+    grads = eqopt.microbatching.micro_grad(lambda m, x: m.p * x.sum())(
+        model, jnp.ones(4)
+    )
+    assert grads[0].p is None

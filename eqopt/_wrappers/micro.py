@@ -198,6 +198,10 @@ def _keyword_kwargs(fun: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+def _is_python_float(x: Any) -> bool:
+    return isinstance(x, (float, complex))
+
+
 @checked
 def micro_grad(
     fun: Callable[..., Any],
@@ -225,7 +229,8 @@ def micro_grad(
     (`eqopt.microbatching.micro_vmap`). Gradients are taken with respect to
     the inexact arrays of the arguments in `argnums`, as `eqx.filter_grad`
     takes them, so a whole Equinox model can be differentiated; other leaves
-    get `None`.
+    get `None`. An argument that is itself a Python float is differentiated as
+    `jax.grad` differentiates it.
 
     **Arguments:**
 
@@ -276,6 +281,12 @@ def micro_grad(
                 else arg
                 for i, arg in enumerate(args)
             )
+        # An argument that is itself a Python float is differentiated, as
+        # `jax.grad` differentiates it; inside a pytree, only arrays are.
+        args = tuple(
+            jnp.asarray(arg) if i in diff and _is_python_float(arg) else arg
+            for i, arg in enumerate(args)
+        )
         parts = [eqx.partition(args[i], eqx.is_inexact_array) for i in diff]
 
         def of_dynamic(*dynamic):
