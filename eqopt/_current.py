@@ -91,8 +91,17 @@ def _value(hyperparameter: Hyperparameter) -> Any:
     """Its value now: a schedule evaluated at its owner's step count."""
     if not hyperparameter.is_schedule:
         return hyperparameter.value
-    owner, name = hyperparameter.owner, hyperparameter.name
-    return hyperparameter.value(_step_count(owner, name, hyperparameter.state))
+    state = hyperparameter.state
+    count, what = _find_count(state)
+    if count is None:
+        raise TypeError(
+            f"`{type(hyperparameter.owner).__name__}.{hyperparameter.name}` is a "
+            f"schedule, but the state `{type(state).__name__}` holds {what} to "
+            "evaluate it at: keep what `eqopt.init_count_if_scheduled` returns in "
+            "one field of the state (or the step count, an integer, in a field "
+            "`count`) and advance it with `eqopt.current_value`."
+        )
+    return hyperparameter.value(count)
 
 
 def _group_rates(
@@ -157,19 +166,6 @@ def _find_count(state: Any) -> tuple[Any, str]:
     if len(several) > 1:
         return None, f"several step counts (`{'`, `'.join(several)}`)"
     return None, "no step count"
-
-
-def _step_count(transform: Any, name: str, state: Any) -> Array:
-    count, what = _find_count(state)
-    if count is not None:
-        return count
-    raise TypeError(
-        f"`{type(transform).__name__}.{name}` is a schedule, but the state "
-        f"`{type(state).__name__}` holds {what} to evaluate it at: keep what "
-        "`eqopt.init_count_if_scheduled` returns in one field of the state (or the "
-        "step count, an integer, in a field `count`) and advance it with "
-        "`eqopt.current_value`."
-    )
 
 
 def step_count(transform: Any, state: Any) -> int | None:

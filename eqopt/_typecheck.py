@@ -336,23 +336,17 @@ def checked_function(fn: Callable, *, always: bool = False) -> Callable:
     check of private helpers, which leaves the running call as it is)."""
     checked = lazily_checked(fn, fn.__name__)
 
-    if always:
-
-        @functools.wraps(fn)
-        def check(*args, **kwargs):
+    @functools.wraps(fn)
+    def check(*args, **kwargs):
+        if always:
             return checked(*args, **kwargs)
-
-    else:
-
-        @functools.wraps(fn)
-        def check(*args, **kwargs):
-            if RUNNING.get():
-                return fn(*args, **kwargs)
-            token = RUNNING.set(True)
-            try:
-                return checked(*args, **kwargs)
-            finally:
-                RUNNING.reset(token)
+        if RUNNING.get():
+            return fn(*args, **kwargs)
+        token = RUNNING.set(True)
+        try:
+            return checked(*args, **kwargs)
+        finally:
+            RUNNING.reset(token)
 
     check.__eqopt_checked__ = True  # pyright: ignore[reportAttributeAccessIssue]
     return check

@@ -21,6 +21,7 @@ import jax
 import jax.core
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding
 
+from ._leaves import is_none
 from ._sharding import host_kind, to_memory
 from ._typecheck import checked
 from ._zero_rule import (
@@ -129,7 +130,7 @@ def constrain(tree: Any, shardings: Any) -> Any:
             return to_memory(x, True) if host else x
         return jax.device_put(x, sharding)
 
-    return jax.tree.map(place, shardings, tree, is_leaf=lambda x: x is None)
+    return jax.tree.map(place, shardings, tree, is_leaf=is_none)
 
 
 def _explicit(sharding: Any) -> bool:

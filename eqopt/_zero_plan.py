@@ -15,6 +15,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ._fused._bucketed import Bucketed
+from ._leaves import is_none
 from ._sharding import abstract_init
 from ._typecheck import checked
 from ._wrappers.offload import Offload
@@ -41,7 +42,7 @@ def _shardings_of(tree: Any, mesh: Mesh) -> Any:
         entries = entries_of(getattr(x, "sharding", None), mesh, len(x.shape))
         return NamedSharding(mesh, PartitionSpec(*entries))
 
-    return jax.tree.map(sharding, tree, is_leaf=lambda x: x is None)
+    return jax.tree.map(sharding, tree, is_leaf=is_none)
 
 
 def _abstract_state(opt: Any, params: Any, param_shardings: Any, mesh: Mesh) -> Any:
@@ -194,14 +195,10 @@ class ZeroPlan(eqx.Module):
     def _split_like_params(self, value: Any) -> Any:
         # An extra argument shaped like the params (a line search's `grad`) is
         # cut like them; any other is passed as it is.
-        shape = jax.tree.structure(self.split_param_shardings, is_leaf=_is_none)
-        if jax.tree.structure(value, is_leaf=_is_none) != shape:
+        shape = jax.tree.structure(self.split_param_shardings, is_leaf=is_none)
+        if jax.tree.structure(value, is_leaf=is_none) != shape:
             return value
         return constrain(value, self.split_param_shardings)
-
-
-def _is_none(x: Any) -> bool:
-    return x is None
 
 
 @checked
@@ -250,7 +247,7 @@ def zero_plan(
         ),
         abstract,
         state_shardings,
-        is_leaf=lambda x: x is None,
+        is_leaf=is_none,
     )
     if isinstance(opt.inner if isinstance(opt, Offload) else opt, Bucketed):
         # Bucketed state packs the gradients into buffers first: they are
