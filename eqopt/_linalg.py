@@ -134,6 +134,7 @@ def _one_slice_at_a_time(decomposition: Callable[..., Any]) -> Callable[..., Any
     2-core machine, jax 0.10.2). Looping over the slices calls LAPACK once per
     matrix, as a list of layers does; other backends keep the batched call.
     The arguments are arrays; those not batched are shared by every slice.
+    Derivatives are `decomposition`'s own.
     """
 
     @jax.custom_batching.custom_vmap
@@ -166,7 +167,16 @@ def _one_slice_at_a_time(decomposition: Callable[..., Any]) -> Callable[..., Any
             )
         return out, jax.tree.map(lambda _: any(in_batched), out)
 
-    return decompose
+    # Differentiated, it is `decomposition` itself (`custom_vmap` has no JVP).
+    @jax.custom_jvp
+    def differentiable(*args):
+        return decompose(*args)
+
+    @differentiable.defjvp
+    def _jvp(primals, tangents):
+        return jax.jvp(decomposition, primals, tangents)
+
+    return differentiable
 
 
 #: `jnp.linalg.eigh`, `jnp.linalg.qr` (reduced) and the thin `jnp.linalg.svd` of
