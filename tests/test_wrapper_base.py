@@ -103,3 +103,24 @@ def test_selective_transform_freezes_its_mask_and_the_inner_freeze():
     inner = eqopt.chain(eqopt.freeze({"frozen": False, "free": True}), eqopt.sgd(0.1))
     both = eqopt.selective_transform(inner, freeze_mask=_SPEC)
     assert both.frozen_selection(_PARAMS) == {"frozen": True, "free": True}
+
+
+#: Wrappers that change the inner updates (so the free leaf differs from the bare
+#: chain's): a freeze inside still freezes for the chain around them.
+OPTIMISER_WRAPPERS = {
+    "schedule_free": lambda t: eqopt.contrib.schedule_free(t, 0.1),
+    "mechanize": eqopt.contrib.mechanize,
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMISER_WRAPPERS))
+def test_a_freeze_inside_an_optimiser_wrapper_freezes_for_the_chain(name):
+    wrap = OPTIMISER_WRAPPERS[name]
+    assert isinstance(wrap(eqopt.sgd(0.1)), AbstractWrapper)
+    inner = eqopt.chain(eqopt.freeze(_SPEC), eqopt.sgd(0.1))
+    wrapped = wrap(inner)
+    assert wrapped.freezes and wrapped.frozen_selection(_PARAMS) == _SPEC
+    ours = _run(eqopt.chain(wrapped, eqopt.add_decayed_weights(0.5)))
+    np.testing.assert_array_equal(ours["frozen"], _PARAMS["frozen"])
+    assert not np.array_equal(ours["free"], _PARAMS["free"])
+    assert not wrap(eqopt.sgd(0.1)).freezes

@@ -6,7 +6,13 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from .._base import AbstractGradientTransformation, OptState, Params, Updates
+from .._base import (
+    AbstractGradientTransformation,
+    AbstractWrapper,
+    OptState,
+    Params,
+    Updates,
+)
 from .._entry import init_entry, update_entry
 from .._hyper import Scalar, ScalarLike, as_scalar, check_hyperparameter
 from .._interop import as_transform
@@ -41,7 +47,7 @@ class MechanicState(eqx.Module, OptaxTuple):
 
 
 @checked
-class Mechanize(AbstractGradientTransformation):
+class Mechanize(AbstractWrapper):
     r"""Learns the scale of another optimiser's updates online (Mechanic).
 
     The base optimiser's updates $u_t$ are summed into $\Delta_{t+1} = \Delta_t +
@@ -96,12 +102,9 @@ class Mechanize(AbstractGradientTransformation):
     num_betas: int = eqx.field(default=6, static=True)
 
     @property
-    def elementwise(self) -> bool:
-        return self.base_optimizer.elementwise
-
-    @property
-    def runs_on_buffers(self) -> bool:
-        return self.base_optimizer.runs_on_buffers
+    def inner(self) -> AbstractGradientTransformation:
+        """The base optimiser, whose capabilities (a `freeze` in it...) are these."""
+        return self.base_optimizer
 
     def __check_init__(self):
         if not isinstance(self.num_betas, int) or self.num_betas < 1:

@@ -11,6 +11,7 @@ from jaxtyping import Array, Float, Int
 from .._alias import sgd
 from .._base import (
     AbstractGradientTransformation,
+    AbstractWrapper,
     OptState,
     Params,
     Updates,
@@ -60,7 +61,7 @@ class ScheduleFreeState(eqx.Module, OptaxTuple):
 
 
 @checked
-class ScheduleFree(AbstractGradientTransformation):
+class ScheduleFree(AbstractWrapper):
     r"""Makes a base optimiser schedule-free (Defazio et al., 2024).
 
     Three sequences are kept: $z_t$, the base optimiser's iterate; $x_t$, a
@@ -117,12 +118,9 @@ class ScheduleFree(AbstractGradientTransformation):
         check_hyperparameter("learning_rate", self.learning_rate, low=0.0)
 
     @property
-    def elementwise(self) -> bool:
-        return self.base_optimizer.elementwise
-
-    @property
-    def runs_on_buffers(self) -> bool:
-        return self.base_optimizer.runs_on_buffers
+    def inner(self) -> AbstractGradientTransformation:
+        """The base optimiser, whose capabilities (a `freeze` in it...) are these."""
+        return self.base_optimizer
 
     @init_entry
     def init(self, params: Params) -> ScheduleFreeState:
