@@ -102,7 +102,7 @@ class Mechanize(AbstractWrapper):
     num_betas: int = eqx.field(default=6, static=True)
 
     @property
-    def inner(self) -> AbstractGradientTransformation:
+    def inner(self) -> AbstractGradientTransformation:  # pyright: ignore[reportIncompatibleVariableOverride]
         """The base optimiser, whose capabilities (a `freeze` in it...) are these."""
         return self.base_optimizer
 
@@ -205,7 +205,7 @@ def mechanize(
     num_betas: int = 6,
 ) -> Mechanize:
     """Optax spelling of `eqopt.contrib.Mechanize`."""
-    return Mechanize(
+    return Mechanize(  # pyright: ignore[reportCallIssue] (`inner` is a property)
         base_optimizer=base_optimizer,
         weight_decay=weight_decay,
         eps=eps,

@@ -118,7 +118,7 @@ class ScheduleFree(AbstractWrapper):
         check_hyperparameter("learning_rate", self.learning_rate, low=0.0)
 
     @property
-    def inner(self) -> AbstractGradientTransformation:
+    def inner(self) -> AbstractGradientTransformation:  # pyright: ignore[reportIncompatibleVariableOverride]
         """The base optimiser, whose capabilities (a `freeze` in it...) are these."""
         return self.base_optimizer
 
@@ -201,7 +201,7 @@ def schedule_free(
     state_dtype: DTypeLike | None = None,
 ) -> ScheduleFree:
     """Optax spelling of `eqopt.contrib.ScheduleFree`."""
-    return ScheduleFree(
+    return ScheduleFree(  # pyright: ignore[reportCallIssue] (`inner` is a property)
         base_optimizer=base_optimizer,
         learning_rate=learning_rate,
         b1=b1,
@@ -304,7 +304,7 @@ def schedule_free_sgd(
     optimizer = sgd(learning_rate)
     if weight_decay is not None:
         optimizer = Chain(AddDecayedWeights(weight_decay), optimizer)
-    return ScheduleFree(
+    return ScheduleFree(  # pyright: ignore[reportCallIssue]
         base_optimizer=optimizer,
         learning_rate=learning_rate,
         b1=b1,
@@ -359,7 +359,7 @@ def schedule_free_adamw(
         AddDecayedWeights(weight_decay),
         ScaleByLearningRate(learning_rate),
     )
-    return ScheduleFree(
+    return ScheduleFree(  # pyright: ignore[reportCallIssue]
         base_optimizer=optimizer,
         learning_rate=learning_rate,
         b1=b1,
