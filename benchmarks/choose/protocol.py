@@ -105,6 +105,12 @@ def programs(workload, spec, length: int, vmapped: bool):
     return _PROGRAMS[key][2]
 
 
+def forget_programs() -> None:
+    """Drops the kept programs and JAX's compilation caches."""
+    _PROGRAMS.clear()
+    jax.clear_caches()
+
+
 def sweep(workload, spec, lrs, seeds, vmapped: bool, progress):
     """Trains every (lr, seed) run; returns curves and timings."""
     run_lrs = np.repeat(np.asarray(lrs, np.float64), len(seeds))

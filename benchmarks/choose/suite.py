@@ -175,6 +175,10 @@ def run_suite(
                 record["result"] = protocol.best_setting(record, target)
         cell_path(out, w, name).write_text(json.dumps(record, default=float))
         ran.append((w, name))
+        # A finished cell's programs are not used again: dropping them bounds the
+        # process's memory maps (the full suite once ran out of them: LLVM's
+        # "Cannot allocate memory" after 100 cells, with 65530 maps allowed).
+        protocol.forget_programs()
     progress.close()
     summary = report.write_report(out, figure_copy)
     return {"ran": ran, "skipped": skipped, "summary": summary}
