@@ -70,6 +70,21 @@ def test_backend_dependent_choices_live_in_one_module():
     assert found == [], "put the choice in eqopt/_backend.py, with its reason"
 
 
+def test_lapack_decompositions_go_through_the_per_slice_helpers():
+    """A per-layer step vmapped over a stack must call LAPACK one slice at a
+    time on the CPU (docs/development.md, "Decompositions in a per-layer step")."""
+    pattern = re.compile(
+        r"jnp\.linalg\.(eigh|qr|svd|cholesky|inv|solve|eig)\(|linalg\.triangular_solve\("
+    )
+    found = [
+        f"{path.relative_to(PACKAGE)}: {match.group(0)}"
+        for path in SOURCES
+        if path.name != "_linalg.py"
+        for match in pattern.finditer(path.read_text())
+    ]
+    assert found == [], "use eqopt/_linalg.py's eigh, qr, thin_svd or solve_upper_right"
+
+
 def _transform_classes() -> list[type]:
     seen: set[type] = set()
     stack = [AbstractGradientTransformation]
