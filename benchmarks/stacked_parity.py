@@ -18,75 +18,33 @@ prints why instead of a number.
 """
 
 import os
+import pathlib
+import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The model is the stacked-layers tests' (tests/_stacked_model.py).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
 
 import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+from _stacked_model import (  # noqa: E402
+    Stacked,
+    make_models,
+    random_grads,
+    relative_difference,
+    unstack,
+)
 
 import eqopt  # noqa: E402
 import eqopt.contrib  # noqa: E402
 
-DEPTH, WIDTH, HIDDEN, OUT, STEPS = 3, 24, 48, 3, 3
-
-
-class Block(eqx.Module):
-    norm: eqx.nn.LayerNorm
-    up: eqx.nn.Linear
-    down: eqx.nn.Linear
-
-    def __init__(self, key):
-        up_key, down_key = jax.random.split(key)
-        self.norm = eqx.nn.LayerNorm(WIDTH)
-        self.up = eqx.nn.Linear(WIDTH, HIDDEN, key=up_key)
-        self.down = eqx.nn.Linear(HIDDEN, WIDTH, key=down_key)
-
-
-class Model(eqx.Module):
-    """`blocks` is one `Block` of stacked leaves, or a list of blocks."""
-
-    blocks: Block | list[Block]
-    head: eqx.nn.Linear
-
-
-def models():
-    key, head_key = jax.random.split(jax.random.key(0))
-    blocks = eqx.filter_vmap(Block)(jax.random.split(key, DEPTH))
-    blocks = eqx.tree_at(
-        lambda b: (b.norm.weight, b.norm.bias),
-        blocks,
-        (
-            1.0 + 0.1 * jax.random.normal(jax.random.key(1), (DEPTH, WIDTH)),
-            0.1 * jax.random.normal(jax.random.key(2), (DEPTH, WIDTH)),
-        ),
-    )
-    stacked = Model(blocks, eqx.nn.Linear(WIDTH, OUT, key=head_key))
-    return stacked, unstack(stacked)
-
-
-def unstack(tree):
-    blocks = [jax.tree.map(lambda x, k=k: x[k], tree.blocks) for k in range(DEPTH)]
-    return Model(blocks, tree.head)
-
-
-def grads(stacked, step):
-    """Gradients shaped like the stacked model's, their scale growing with depth."""
-    leaves, treedef = jax.tree.flatten(eqx.filter(stacked, eqx.is_inexact_array))
-    keys = jax.random.split(jax.random.key(100 + step), len(leaves))
-    out = []
-    for key, leaf in zip(keys, leaves, strict=True):
-        g = jax.random.normal(key, leaf.shape)
-        if leaf.ndim and leaf.shape[0] == DEPTH:
-            g = g * (1.0 + jnp.arange(DEPTH)).reshape((DEPTH,) + (1,) * (leaf.ndim - 1))
-        out.append(g)
-    return jax.tree.unflatten(treedef, out)
+STEPS = 3
 
 
 def restack(tree):
     """The stacked model (or its state's tree) of a list one."""
-    return Model(jax.tree.map(lambda *xs: jnp.stack(xs), *tree.blocks), tree.head)
+    return Stacked(jax.tree.map(lambda *xs: jnp.stack(xs), *tree.blocks), tree.head)
 
 
 def share_draws(stacked_state, list_state):
@@ -108,22 +66,15 @@ def last_updates(tx, model, as_model, state=None):
     step = eqx.filter_jit(lambda tx, g, s, p: tx.update(g, s, p))
     state, updates = tx.init(model) if state is None else state, None
     for k in range(STEPS):
-        updates, state = step(tx, as_model(grads(STACKED, k)), state, model)
+        updates, state = step(tx, as_model(random_grads(STACKED, k)), state, model)
         model = eqopt.apply_updates(model, updates)
     return updates
 
 
 def difference(tx):
     state = share_draws(tx.init(STACKED), tx.init(LISTED))
-    ours = jax.tree.leaves(unstack(last_updates(tx, STACKED, lambda g: g, state)))
-    theirs = jax.tree.leaves(last_updates(tx, LISTED, unstack))
-    worst = 0.0
-    for a, b in zip(ours, theirs, strict=True):
-        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-        scale = np.max(np.abs(b))
-        diff = np.max(np.abs(a - b))
-        worst = max(worst, diff / scale if scale else diff)
-    return worst
+    ours = last_updates(tx, STACKED, lambda g: g, state)
+    return relative_difference(ours, last_updates(tx, LISTED, unstack))
 
 
 def layer_decay():
@@ -156,7 +107,7 @@ CASES = {
     "layer_decay (param_groups)": layer_decay,
 }
 
-STACKED, LISTED = models()
+STACKED, LISTED = make_models()
 
 
 def main():
