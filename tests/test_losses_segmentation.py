@@ -96,3 +96,18 @@ def test_difference_dice_without_activation():
     assert_tree_allclose(
         jitted, optax.losses.dice_loss(multiclass, one_hot, apply_softmax=False)
     )
+
+
+@pytest.mark.parametrize(
+    "name", ["dice_loss", "multiclass_generalized_dice_loss", "binary_dice_loss"]
+)
+def test_boolean_targets_are_taken_as_floats(name):
+    """One-hot masks are often boolean: they are accepted, as Optax accepts them."""
+    logits = jax.random.normal(jax.random.key(0), (2, 6, 6, 3))
+    masks = jax.nn.one_hot(jax.random.randint(jax.random.key(1), (2, 6, 6), 0, 3), 3)
+    if name == "binary_dice_loss":
+        logits, masks = logits[..., 0], masks[..., 0]
+    ours = getattr(losses, name)(logits, masks > 0.5)
+    assert_tree_allclose(ours, getattr(losses, name)(logits, masks))
+    if name != "multiclass_generalized_dice_loss":  # Optax's promotes ranks
+        assert_tree_allclose(ours, getattr(optax.losses, name)(logits, masks > 0.5))

@@ -5,7 +5,7 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, ArrayLike, Float, Real
+from jaxtyping import Array, ArrayLike, Bool, Float, Real
 
 from .._typecheck import checked
 from ._utils import as_float, normalize_axes, one_of, same_shapes
@@ -72,7 +72,7 @@ def _dice(
 @checked
 def dice_loss(
     predictions: Float[ArrayLike, "*batch classes"],
-    targets: Float[ArrayLike, "*batch classes"],
+    targets: Real[ArrayLike, "*batch classes"] | Bool[ArrayLike, "*batch classes"],
     *,
     class_weights: Real[ArrayLike, " classes"] | None = None,
     smooth: Real[ArrayLike, ""] = 1.0,
@@ -107,7 +107,8 @@ def dice_loss(
 
     - `predictions`: logits (or probabilities, see `apply_softmax`), of shape
       `(batch, *spatial, classes)`.
-    - `targets`: one-hot (or soft) targets, of the same shape.
+    - `targets`: one-hot (or soft) targets, of the same shape (boolean or
+      integer one-hot targets are taken as the predictions' float dtype).
     - `class_weights`: per-class weights, of shape `(classes,)`.
     - `smooth`: the smoothing constant $s$, which also keeps empty classes
       finite.
@@ -133,7 +134,7 @@ def dice_loss(
     Convolutional Deep Networks*, MLMI 2017.
     """
     predictions = jnp.asarray(predictions)
-    targets = jnp.asarray(targets)
+    targets = as_float(targets, predictions)
     probabilities = _probabilities(predictions, apply_softmax)
     return _dice(
         probabilities,
@@ -152,7 +153,7 @@ def dice_loss(
 @checked
 def binary_dice_loss(
     predictions: Float[ArrayLike, "*shape"],
-    targets: Real[ArrayLike, "*shape"],
+    targets: Real[ArrayLike, "*shape"] | Bool[ArrayLike, "*shape"],
     *,
     smooth: Real[ArrayLike, ""] = 1.0,
     apply_sigmoid: bool = True,
@@ -208,7 +209,7 @@ def binary_dice_loss(
 @checked
 def multiclass_generalized_dice_loss(
     predictions: Float[ArrayLike, "*batch classes"],
-    targets: Float[ArrayLike, "*batch classes"],
+    targets: Real[ArrayLike, "*batch classes"] | Bool[ArrayLike, "*batch classes"],
     *,
     smooth: Real[ArrayLike, ""] = 1.0,
     apply_softmax: bool = True,
@@ -234,7 +235,8 @@ def multiclass_generalized_dice_loss(
 
     - `predictions`: logits (or probabilities), of shape
       `(batch, *spatial, classes)`.
-    - `targets`: one-hot (or soft) targets, of the same shape.
+    - `targets`: one-hot (or soft) targets, of the same shape (boolean or
+      integer one-hot targets are taken as the predictions' float dtype).
     - `smooth`: the smoothing constant $s$.
     - `apply_softmax`: whether to apply the softmax over classes (a sigmoid for
       a single class).
@@ -251,7 +253,7 @@ def multiclass_generalized_dice_loss(
     for Highly Unbalanced Segmentations*, DLMIA 2017.
     """
     predictions = jnp.asarray(predictions)
-    targets = jnp.asarray(targets)
+    targets = as_float(targets, predictions)
     num_classes = targets.shape[-1]
     volumes = jnp.sum(targets, axis=tuple(range(targets.ndim - 1)))
     weights = 1 / (jnp.square(volumes) + _VOLUME_EPSILON)
