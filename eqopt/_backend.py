@@ -29,13 +29,17 @@ def decodes_by_lookup(bits: int) -> bool:
 
 
 @no_type_check
-def eigh_one_at_a_time() -> bool:
-    """Whether a stack of eigendecompositions (Shampoo's roots) runs one at a time.
+def decomposes_one_slice_at_a_time() -> bool:
+    """Whether a vmapped matrix decomposition (`eigh`, `qr`, an SVD, a triangular
+    solve: `eqopt/_linalg.py`) calls LAPACK once per slice instead of once batched.
 
-    On CPU: jaxlib's batched `eigh` waits for tasks it queues on the thread
-    pool that runs the program, and with every worker waiting the step hung
-    (5 of 8 runs of the zoo's Shampoo on 2 cores; 0 of 8 one at a time, with
-    `lax.map`).
+    On CPU: jaxlib splits a batched LAPACK call over the thread pool that runs
+    the program and blocks its thread until the parts finish, so two such calls
+    at once can leave no worker to run a part and the step hangs (Shampoo's
+    bucketed roots: 5 of 8 runs of the zoo on 2 cores; SOAP on 24 scanned
+    blocks at its first refresh, two QRs at once). One at a time (`lax.map`) it
+    never hung, and gives the batched call's numbers bit for bit. Off CPU the
+    batched call is kept.
     """
     return jax.default_backend() == "cpu"
 

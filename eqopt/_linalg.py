@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, ArrayLike, Float, Inexact, Int, PRNGKeyArray, PyTree, Real
 
+from ._backend import decomposes_one_slice_at_a_time
 from ._typecheck import checked
 from .tree import norm as tree_norm, scale as tree_scale, vdot as tree_vdot
 
@@ -132,7 +133,8 @@ def _one_slice_at_a_time(decomposition: Callable[..., Any]) -> Callable[..., Any
     its parts finish; two such calls running at once on a two-thread pool wait
     for each other for ever (SOAP's two QRs of a `(24, 256, 64)` stack on a
     2-core machine, jax 0.10.2). Looping over the slices calls LAPACK once per
-    matrix, as a list of layers does; other backends keep the batched call.
+    matrix, as a list of layers does (`_backend.decomposes_one_slice_at_a_time`
+    says where: on the CPU).
     The arguments are arrays; those not batched are shared by every slice.
     Derivatives are `decomposition`'s own.
     """
@@ -145,26 +147,18 @@ def _one_slice_at_a_time(decomposition: Callable[..., Any]) -> Callable[..., Any
     def _batched(axis_size, in_batched, *args):
         if not any(in_batched):
             out = decompose(*args)
+        elif decomposes_one_slice_at_a_time():
+
+            def one(sliced):
+                sliced = iter(sliced)
+                batched = zip(args, in_batched, strict=True)
+                return decompose(*(next(sliced) if b else a for a, b in batched))
+
+            batched = zip(args, in_batched, strict=True)
+            out = lax.map(one, tuple(a for a, b in batched if b))
         else:
-
-            def loop(*args):
-                def one(sliced):
-                    sliced = iter(sliced)
-                    return decompose(
-                        *(
-                            next(sliced) if b else a
-                            for a, b in zip(args, in_batched, strict=True)
-                        )
-                    )
-
-                return lax.map(
-                    one, tuple(a for a, b in zip(args, in_batched, strict=True) if b)
-                )
-
             axes = tuple(0 if b else None for b in in_batched)
-            out = lax.platform_dependent(
-                *args, cpu=loop, default=jax.vmap(decomposition, in_axes=axes)
-            )
+            out = jax.vmap(decomposition, in_axes=axes)(*args)
         return out, jax.tree.map(lambda _: any(in_batched), out)
 
     # Differentiated, it is `decomposition` itself (`custom_vmap` has no JVP).

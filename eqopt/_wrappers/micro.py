@@ -198,10 +198,6 @@ def _keyword_kwargs(fun: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-def _is_python_float(x: Any) -> bool:
-    return isinstance(x, (float, complex))
-
-
 @checked
 def micro_grad(
     fun: Callable[..., Any],
@@ -284,7 +280,7 @@ def micro_grad(
         # An argument that is itself a Python float is differentiated, as
         # `jax.grad` differentiates it; inside a pytree, only arrays are.
         args = tuple(
-            jnp.asarray(arg) if i in diff and _is_python_float(arg) else arg
+            jnp.asarray(arg) if i in diff and isinstance(arg, (float, complex)) else arg
             for i, arg in enumerate(args)
         )
         parts = [eqx.partition(args[i], eqx.is_inexact_array) for i in diff]

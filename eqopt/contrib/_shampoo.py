@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PyTree
 
-from .._backend import eigh_one_at_a_time
 from .._base import AbstractGradientTransformation, Params, Updates, is_none
 from .._combine import Chain
 from .._entry import init_entry, update_entry
@@ -369,10 +368,8 @@ class ScaleByShampoo(AbstractGradientTransformation):
                     jnp.concatenate(matrices) if len(matrices) > 1 else matrices[0]
                 )
                 root_of = functools.partial(self._root, exponent=exponent)
-                if self.root_method != "newton" and eigh_one_at_a_time():
-                    root, error = jax.lax.map(root_of, stacked)
-                else:
-                    root, error = jax.vmap(root_of)(stacked)
+                # Its eigh calls LAPACK one slice at a time on the CPU (_linalg).
+                root, error = jax.vmap(root_of)(stacked)
                 failed = ~(error < self.inverse_failure_threshold)
                 offset = 0
                 for (position, axis, s), size in zip(entries, sizes, strict=True):
