@@ -164,27 +164,6 @@ REASONS = (
         _in("MaskedTest::test_masked_state_structure"),
     ),
     (
-        "Python numbers in a tree are not data (a model's `Dropout.p`): "
-        "reductions skip them and arithmetic passes them through; the test "
-        "reduces or adds Python floats",
-        "deliberate",
-        _in(
-            "TreeUtilsTest::test_tree_l1_norm1",
-            "TreeUtilsTest::test_tree_l1_norm5",
-            "TreeUtilsTest::test_tree_linf_norm1",
-            "TreeUtilsTest::test_tree_linf_norm5",
-            "TreeUtilsTest::test_tree_max2",
-            "TreeUtilsTest::test_tree_max4",
-            "TreeUtilsTest::test_tree_min2",
-            "TreeUtilsTest::test_tree_min4",
-            "TreeUtilsTest::test_tree_size2",
-            "TreeUtilsTest::test_tree_size4",
-            "TreeUtilsTest::test_tree_vdot",
-            "TreeUtilsTest::test_tree_max_min_empty_dtype",
-            "TreeUtilsTest::test_tree_add_scale_dtype",
-        ),
-    ),
-    (
         "a chain's state is a `ChainState`, not a tuple: the test compares it "
         "with a tuple, or its paths have `.states`",
         "deliberate",

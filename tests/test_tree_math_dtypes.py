@@ -68,9 +68,17 @@ def test_add_scale_promotes_as_optax(x_dtype, y_dtype, scalar):
     _same(OURS.tree_scale(scalar, y), THEIRS.tree_scale(scalar, y))
 
 
-def test_python_numbers_are_not_data():
-    """The cases of Optax's tests that differ: its trees of Python numbers."""
-    assert OURS.tree_max([5.0, jnp.zeros(0, jnp.int8)]) == -jnp.inf  # Optax: 5.0
-    assert OURS.tree_sum({"p": 0.5, "w": jnp.ones(2)}) == 2  # Optax: 2.5
-    assert OURS.tree_add_scale(3, 0.1, 2) == 3  # Optax: 3.2
-    assert OURS.tree_size((1.0, {"k": 2.0})) == 0  # Optax: 2
+def test_python_numbers_are_data_under_optax_names_only():
+    """Optax's trees of Python numbers: data in `tree_utils`, as in Optax;
+    left alone by `eqopt.tree` (Equinox's rule, a model's `Dropout.p`)."""
+    cases = [
+        ("max", ([5.0, jnp.zeros(0, jnp.int8)],), 5.0, -jnp.inf),
+        ("sum", ({"p": 0.5, "w": jnp.ones(2)},), 2.5, 2),
+        ("add_scale", (3, 0.1, 2), 3.2, 3),
+        ("size", ((1.0, {"k": 2.0}),), 2, 0),
+    ]
+    for name, args, optax_rule, equinox_rule in cases:
+        ours = getattr(OURS, f"tree_{name}")(*args)
+        assert ours == pytest.approx(getattr(THEIRS, f"tree_{name}")(*args))
+        assert ours == pytest.approx(optax_rule)
+        assert getattr(eqopt.tree, name)(*args) == equinox_rule

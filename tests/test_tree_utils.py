@@ -320,3 +320,34 @@ def test_tree_allclose_compares_numbers_with_the_tolerances():
     assert not tu.tree_allclose({"f": "relu"}, {"f": "gelu"})
     assert tu.tree_allclose(1.0, 1.5, atol=1.0)
     assert not tu.tree_allclose(None, 1.0)
+
+
+@pytest.mark.parametrize(
+    "name, args",
+    [
+        ("tree_vdot", ((1.0, {"k": 2.0}), (3.0, {"k": 4.0}))),
+        ("tree_add_scale", (3, 0.1, 2)),
+        ("tree_add", ((1.0, jnp.ones(2)), (2.0, jnp.ones(2)))),
+        ("tree_norm", ((3.0, {"k": 4}),)),
+        ("tree_sum", ([1.5, jnp.arange(3.0)],)),
+        ("tree_max", ([10000, jnp.zeros(0, jnp.int8)],)),
+        ("tree_min", ([-jnp.inf, jnp.zeros(0)],)),
+        ("tree_size", ((1.0, {"k": 1.0, "l": jnp.ones(3)}),)),
+        ("tree_zeros_like", ((1.0, {"k": 2}),)),
+        ("tree_scale", (2.0, (1.0, jnp.ones(2)))),
+    ],
+)
+def test_python_numbers_are_data_as_in_optax(name, args):
+    # Optax's rule under Optax's names; `eqopt.tree` keeps Equinox's.
+    ours = getattr(eqopt.tree_utils, name)(*args)
+    theirs = getattr(optax.tree_utils, name)(*args)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+
+
+def test_eqopt_tree_leaves_python_numbers_alone():
+    model = {"w": jnp.array([3.0, 4.0]), "p": 0.5}  # `p` as a `Dropout.p`
+    assert float(eqopt.tree.norm(model)) == 5.0
+    assert float(eqopt.tree_utils.tree_norm(model)) == pytest.approx(5.0249378)
+    assert eqopt.tree.add(model, model)["p"] == 0.5
+    assert float(eqopt.tree_utils.tree_add(model, model)["p"]) == 1.0
