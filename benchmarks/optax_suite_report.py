@@ -146,12 +146,6 @@ REASONS = (
         ),
     ),
     (
-        "a transform is not indexed as `(init, update)` "
-        "(a chain's `[i]` is its part): `tx.init`, `tx.update`",
-        "deliberate",
-        _has("'Masked' object is not subscriptable"),
-    ),
-    (
         "extra arguments a transform does not use are ignored "
         "(docs/design.md, Extra arguments); Optax's line searches raise",
         "deliberate",

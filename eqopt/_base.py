@@ -139,6 +139,11 @@ class AbstractGradientTransformation(eqx.Module):
     def __iter__(self) -> Iterator[Callable]:
         return iter((self.init, self.update))
 
+    # ... and index them: `tx[0]` is `init`, `tx[1]` is `update` (a chain's `[i]`
+    # is its part).
+    def __getitem__(self, index: int) -> Callable:
+        return (self.init, self.update)[index]
+
     @property
     @abc.abstractmethod
     def elementwise(self) -> bool:

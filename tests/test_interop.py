@@ -138,6 +138,8 @@ def test_every_transform_unpacks_and_is_a_gradient_transformation(case):
     tx = build(case.make, make_model())
     init, update = tx
     assert init == tx.init and update == tx.update
+    if not isinstance(tx, eqopt.Chain):  # a chain's `[i]` is its part
+        assert (tx[0], tx[1]) == (tx.init, tx.update)  # Optax's `masked(...)[0]`
     assert isinstance(tx, eqopt.GradientTransformation)
     assert isinstance(tx, eqopt.GradientTransformationExtraArgs)
 
