@@ -106,12 +106,6 @@ REASONS = (
         _has("'EmptyState' object has no attribute 'inner_state'"),
     ),
     (
-        "a mask of the wrong structure: eqopt's error names the path "
-        "(the test matches JAX's message)",
-        "deliberate",
-        _has(r"does not match .*not a prefix of the params' structure"),
-    ),
-    (
         "loss inputs must share a shape exactly",
         "deliberate",
         lambda r: r["etype"] == "ShapeMismatchError",

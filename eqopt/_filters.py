@@ -1,5 +1,6 @@
 """Filter specs: selecting leaves the way `eqx.filter` does ("Selecting parameters" in the docs)."""
 
+import re
 import warnings
 from collections.abc import Callable
 from typing import Any, TypeAlias, no_type_check
@@ -269,15 +270,18 @@ def map_prefix(
     )
     try:
         subtrees = prefix_def.flatten_up_to(tree)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError) as error:
         found = first_difference(prefix, tree, prefix=True)
         where = (
             f"at {found[0]}, it has {found[1]} where the params have {found[2]}"
             if found is not None
             else "it does not match them"
         )
+        # JAX's name for the kind of difference ("Dict key mismatch"), if any.
+        kind = re.match(r"[\w ]+ mismatch", str(error))
+        kind = f" ({kind.group()})" if kind else ""
         raise ValueError(
-            f"{what} is not a prefix of the params' structure: {where}.{hint}"
+            f"{what} is not a prefix of the params' structure{kind}: {where}.{hint}"
         ) from None
     results = [
         fn(leaf, subtree, path)

@@ -215,7 +215,8 @@ def test_a_mask_of_the_wrong_structure_names_the_place():
     assert "Mismatch custom node data" not in message
     assert len(message) < 300
     with pytest.raises(
-        ValueError, match=r"at \['b'\], it has nothing where the params"
+        ValueError,
+        match=r"\(Dict key mismatch\): at \['b'\], it has nothing where the params",
     ):
         eqopt.masked(eqopt.scale(2.0), {"a": True}).init({"b": jnp.ones(2)})
 
