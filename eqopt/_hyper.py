@@ -326,8 +326,8 @@ def check_fields(module: eqx.Module, values: bool = True) -> None:
 _CHECKED: dict[int, weakref.ref] = {}
 
 
-def _modules(tree: Any) -> Iterator[eqx.Module]:
-    # Every Module in `tree` (fields, tuples, lists, dict values), depth first.
+def modules(tree: Any) -> Iterator[eqx.Module]:
+    """Every Module in `tree` (fields, tuples, lists, dict values), outermost first."""
     stack = [tree]
     seen: dict[int, Any] = {}  # kept alive, so that no id is reused
     while stack:
@@ -360,7 +360,7 @@ def check_hyperparameters(transform: Any) -> None:
     if known is not None and known() is transform:
         return
     try:
-        for module in _modules(transform):
+        for module in modules(transform):
             check_fields(module, values=False)
     except TypeError as error:
         raise ArgumentTypeError(str(error)) from None

@@ -28,6 +28,7 @@ from ._combine import Partition
 from ._entry import init_entry, update_entry
 from ._groups import DEFAULT, Group, LayerDecay
 from ._groups_resolve import Assignment, resolve
+from ._hyper import modules
 from ._hyperparameters import override
 from ._interop import as_transform
 from ._leaf_scales import LeafScales
@@ -35,24 +36,6 @@ from ._transform.basic import ScaleByLearningRate
 from ._transform.decay import AddDecayedWeights
 from ._typecheck import checked
 from ._wrappers.inject import _AbstractInjectHyperparams
-
-
-def _modules(transform: Any) -> list[Any]:
-    """Every Module in a transform's tree, outermost first."""
-    out: list[Any] = []
-
-    def visit(node: Any) -> None:
-        out.append(node)
-        for child in jax.tree.leaves(node, is_leaf=lambda x: _is_child(x, node)):
-            if isinstance(child, eqx.Module):
-                visit(child)
-
-    visit(transform)
-    return out
-
-
-def _is_child(x: Any, node: Any) -> bool:
-    return x is not node and isinstance(x, eqx.Module)
 
 
 def _names_of(module: Any) -> set[str]:
@@ -194,7 +177,7 @@ class ParamGroups(AbstractWrapper):
             if wanted and not any(
                 isinstance(m, (kind, _AbstractInjectHyperparams))
                 for t in everything
-                for m in _modules(t)
+                for m in modules(t)
             ):
                 raise ValueError(
                     f"param_groups: `{name}` multiplies the rate of the optimiser's "
@@ -206,7 +189,7 @@ class ParamGroups(AbstractWrapper):
             not isinstance(m, (ScaleByLearningRate, Partition))
             and "learning_rate" in _names_of(m)
             for t in everything
-            for m in _modules(t)
+            for m in modules(t)
         ):
             raise ValueError(
                 "param_groups: this optimiser uses its learning rate beyond a "
