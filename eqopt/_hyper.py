@@ -232,9 +232,21 @@ def as_number(value: Any) -> Any:
     return jnp.asarray(value)
 
 
-# What each converter allows besides a real scalar array.
+def as_scalar_or_infinity(value: ScalarLike) -> Scalar:
+    """Field converter for a scalar hyperparameter that may be $+\\infty$ (a line
+    search's `curv_rtol`: no curvature condition); `as_scalar`'s must be finite."""
+    return as_scalar(value)
+
+
+# What each converter allows besides a real scalar array: (what it is, a
+# schedule, `None`); `as_scalar_or_infinity` alone allows infinite values.
 _KINDS: dict[Any, tuple[str, bool, bool]] = {
     as_scalar: ("a real number (a Python number or a 0-d array)", False, False),
+    as_scalar_or_infinity: (
+        "a real number (a Python number or a 0-d array)",
+        False,
+        False,
+    ),
     as_optional_scalar: (
         "a real number (a Python number or a 0-d array) or None",
         False,
@@ -314,7 +326,13 @@ def check_fields(module: eqx.Module, values: bool = True) -> None:
             )
         # In NumPy: checked in Python even while tracing (a `jnp` function of a
         # NumPy constant is staged out under `jit`).
-        if values and is_concrete(value) and not bool(np.isfinite(np.asarray(value))):
+        finite = field.metadata.get("converter") is not as_scalar_or_infinity
+        if (
+            values
+            and finite
+            and is_concrete(value)
+            and not np.isfinite(np.asarray(value))
+        ):
             raise ValueError(
                 f"{owner}: hyperparameter `{field.name}` must be finite, got {value.item()}."
             )

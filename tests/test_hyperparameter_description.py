@@ -98,3 +98,26 @@ def test_the_report_counts_steps_as_current_hyperparams():
         lambda s: s.inner.inner_states["bias"][0].count, state, np.int32(3)
     )
     assert eqopt.param_groups_report(opt, lagging).step is None
+
+
+def test_a_hyperparameter_that_may_be_infinite_is_described():
+    # `curv_rtol` and `increase_factor` may be +inf (one field converter for that,
+    # checked by the same `check_fields` as every other): reported and overridable.
+    model = make_model()
+    zoom = eqopt.scale_by_zoom_linesearch(max_linesearch_steps=3, curv_rtol=0.8)
+    back = eqopt.scale_by_backtracking_linesearch(max_backtracking_steps=3)
+    for opt, name, value in ((zoom, "curv_rtol", 0.8), (back, "increase_factor", 1.5)):
+        reported = eqopt.current_hyperparams(opt, opt.init(model))
+        np.testing.assert_allclose(reported[name], value)
+        grouped = eqopt.param_groups(
+            opt, [eqopt.Group(r"^w$", name="g", **{name: 7.0})]
+        )
+        values = eqopt.current_hyperparams(grouped, grouped.init(model))
+        np.testing.assert_allclose(values[f"g.{name}"], 7.0)
+    assert float(
+        eqopt.scale_by_zoom_linesearch(3, curv_rtol=float("inf")).curv_rtol
+    ) == float("inf")
+    with pytest.raises(TypeError, match="`curv_rtol` must be a real number"):
+        eqopt.scale_by_zoom_linesearch(3, curv_rtol="0.9")
+    with pytest.raises(ValueError, match="curv_rtol"):
+        eqopt.scale_by_zoom_linesearch(3, curv_rtol=-1.0)

@@ -20,12 +20,6 @@ from jaxtyping import Array, Float
 from .. import _sharding
 from .._base import Params, Updates, is_none, path_str
 from .._checks import check_updates
-from .._hyper import (
-    Scalar,
-    ScalarLike,
-    as_scalar,
-    check_hyperparameter,
-)
 from .._leafwise import zeros_like_trainable
 from .._typecheck import checked
 from ..tree._state import get_all_with_path
@@ -33,31 +27,6 @@ from ..tree._state import get_all_with_path
 # ---------------------------------------------------------------------------
 # Shared pieces
 # ---------------------------------------------------------------------------
-
-
-def as_scalar_or_infinity(value: ScalarLike) -> Scalar:
-    """Field converter for a scalar hyperparameter that may be $+\\infty$.
-
-    `check_fields` refuses infinite values for `as_scalar` fields, but an
-    infinite `curv_rtol` (no curvature condition) or `increase_factor` (always
-    start from the largest step) is meaningful; `_check_real_scalar` checks
-    these fields instead.
-    """
-    return as_scalar(value)
-
-
-def _check_real_scalar(module: eqx.Module, name: str) -> None:
-    value = getattr(module, name)
-    if (
-        not eqx.is_array(value)
-        or value.ndim != 0
-        or not jnp.issubdtype(value.dtype, jnp.floating)
-    ):
-        raise TypeError(
-            f"{type(module).__name__}: hyperparameter `{name}` must be a real number "
-            f"(a Python number or a 0-d array), got {value!r}."
-        )
-    check_hyperparameter(name, value, low=0.0, finite=False)
 
 
 def _real_dtype() -> Any:

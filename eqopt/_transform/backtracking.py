@@ -22,13 +22,13 @@ from .._hyper import (
     ScalarLike,
     as_int_scalar,
     as_scalar,
+    as_scalar_or_infinity,
     check_hyperparameter,
 )
 from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 from ._linesearch_common import (
     _along,
-    _check_real_scalar,
     _initial_grad,
     _objective_inputs,
     _real_dtype,
@@ -36,7 +36,6 @@ from ._linesearch_common import (
     _scale,
     _slope,
     _value_and_grad_along,
-    as_scalar_or_infinity,
 )
 
 # ---------------------------------------------------------------------------
@@ -154,7 +153,9 @@ class ScaleByBacktrackingLinesearch(AbstractGradientTransformation):
         check_hyperparameter(
             "decrease_factor", self.decrease_factor, low=0.0, low_inclusive=False
         )
-        _check_real_scalar(self, "increase_factor")
+        check_hyperparameter(
+            "increase_factor", self.increase_factor, low=0.0, finite=False
+        )
         check_hyperparameter(
             "max_learning_rate", self.max_learning_rate, low=0.0, low_inclusive=False
         )

@@ -24,12 +24,12 @@ from .._hyper import (
     as_int_scalar,
     as_optional_scalar,
     as_scalar,
+    as_scalar_or_infinity,
     check_hyperparameter,
 )
 from .._optax_tuple import OptaxTuple
 from .._typecheck import checked
 from ._linesearch_common import (
-    _check_real_scalar,
     _initial_grad,
     _objective_inputs,
     _real_dtype,
@@ -37,7 +37,6 @@ from ._linesearch_common import (
     _scale,
     _slope,
     _value_and_grad_along,
-    as_scalar_or_infinity,
 )
 
 # ---------------------------------------------------------------------------
@@ -256,7 +255,7 @@ class ScaleByZoomLinesearch(AbstractGradientTransformation):
         check_hyperparameter("tol", self.tol, low=0.0)
         check_hyperparameter("increase_factor", self.increase_factor, low=1.0)
         check_hyperparameter("slope_rtol", self.slope_rtol, low=0.0, high=1.0)
-        _check_real_scalar(self, "curv_rtol")
+        check_hyperparameter("curv_rtol", self.curv_rtol, low=0.0, finite=False)
         check_hyperparameter("approx_dec_rtol", self.approx_dec_rtol, low=0.0)
         check_hyperparameter("stepsize_precision", self.stepsize_precision, low=0.0)
 
