@@ -5,20 +5,11 @@ Code written against `optax.tree_utils` runs unchanged. The names are
 `__wrapped__`) with Optax's one difference of rule: a Python number in a tree
 (an `int`, `float` or `complex`, not a `bool`) is data, as in Optax
 (`tree_vdot((1.0, 2.0), (3.0, 4.0))` is 11), where `eqopt.tree`, following
-Equinox, leaves it alone as a model's `Dropout.p` (see `_numbers_are_data`).
+Equinox, leaves it alone as a model's `Dropout.p` (`_numbers.py`).
 `tree_get`, `tree_set` and `tree_get_all_with_path` find what `eqopt.tree.get`,
 `set` and `get_all_with_path` find, with Optax's paths (a `NamedTupleKey` for
 the field of a state). eqopt's own docs use the short names of `eqopt.tree`.
 """
-
-import functools
-import inspect
-from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar
-
-import jax
-import jax.numpy as jnp
-import numpy as np
 
 from .._numerics import (
     bias_correction as tree_bias_correction,
@@ -29,55 +20,12 @@ from .._numerics import (
 from ..tree import _casting, _creation, _math
 from ..tree._keys import NamedTupleKey as NamedTupleKey
 from ..tree._state import map_params as tree_map_params
+from ._numbers import numbers_are_data as _numbers_are_data
 from ._state import (
     tree_get as tree_get,
     tree_get_all_with_path as tree_get_all_with_path,
     tree_set as tree_set,
 )
-
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-# The arguments of `eqopt.tree`'s functions that are trees of data.
-_TREES = {
-    "tree",
-    "tree_x",
-    "tree_y",
-    "other_trees",
-    "other_tree",
-    "a",
-    "b",
-    "target_tree",
-}
-
-
-def _number_as_array(x: Any) -> Any:
-    is_number = isinstance(x, int | float | complex | np.number)
-    return jnp.asarray(x) if is_number and not isinstance(x, bool) else x
-
-
-def _numbers_are_data(fn: Callable[_P, _R]) -> Callable[_P, _R]:
-    """`fn` of `eqopt.tree` with Optax's rule: a Python number in a tree
-    argument is data, a weakly typed scalar array (`eqopt.tree` passes it
-    through, or leaves it out of a reduction, as Equinox does a `Dropout.p`)."""
-    signature = inspect.signature(fn)
-
-    @functools.wraps(fn)
-    def with_numbers(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        bound = signature.bind(*args, **kwargs)
-        for name in _TREES.intersection(bound.arguments):
-            bound.arguments[name] = jax.tree_util.tree_map(
-                _number_as_array, bound.arguments[name]
-            )
-        return fn(*bound.args, **bound.kwargs)
-
-    with_numbers.__doc__ = (
-        f"{fn.__doc__}\n\n    Under `eqopt.tree_utils`, Optax's spelling, a Python "
-        "number in a tree is\n    data, as in Optax (here, in `eqopt.tree`, it is "
-        "not).\n"
-    )
-    return with_numbers
-
 
 tree_add = _numbers_are_data(_math.add)
 tree_add_scale = _numbers_are_data(_math.add_scale)
