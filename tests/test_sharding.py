@@ -77,7 +77,7 @@ SCRIPT = textwrap.dedent(
                 failures.append(f"{{label}}: differs from the unsharded step at {{jax.tree_util.keystr(path)}}")
 
     start = time.perf_counter()
-    for case in ALL_CASES:
+    for index, case in enumerate(ALL_CASES):
         plain = make_model()
         tx = build(case.make, plain)
         grads = random_grads(plain, 0)
@@ -114,7 +114,11 @@ SCRIPT = textwrap.dedent(
 
         # Explicit axes: gradients come sharded like the params (as from
         # `jax.grad`); the update and the state keep that sharding, and the
-        # update is the unsharded one.
+        # update is the unsharded one. Every case whose update is not
+        # element-wise, every third element-wise one (the same code on other
+        # numbers).
+        if index % 3 and not representative and tx.elementwise:
+            continue
         row = NamedSharding(explicit_mesh, P("a", None))
         with jax.set_mesh(explicit_mesh):
             model, sharded_grads = shard(plain, row), shard(grads, row)
@@ -157,7 +161,7 @@ SCRIPT = textwrap.dedent(
     print("checked", checked, "in", round(time.perf_counter() - start), "s")
     assert checked["auto"] > 300 and checked["packed"] > 300, checked
     assert checked["bucketed"] > 40, checked
-    assert checked["explicit"] > 900 and checked["compared"] > 250, checked
+    assert checked["explicit"] > 600 and checked["compared"] > 250, checked
     assert not failures, "\\n".join(failures)
     print("ok")
     """
