@@ -7,7 +7,8 @@ from typing import Any, ParamSpec, TypeVar
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+from ..tree._math import _is_number
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -26,8 +27,7 @@ _TREES = {
 
 
 def _number_as_array(x: Any) -> Any:
-    is_number = isinstance(x, int | float | complex | np.number)
-    return jnp.asarray(x) if is_number and not isinstance(x, bool) else x
+    return jnp.asarray(x) if _is_number(x) else x
 
 
 def numbers_are_data(fn: Callable[_P, _R]) -> Callable[_P, _R]:
